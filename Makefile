@@ -1,0 +1,36 @@
+# The two commands: `make lab` opens the course, `make test` runs every test.
+# Both create .venv on first use and install the package with its extras.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+LAB_ARGS ?=
+PYTEST_ARGS ?=
+STAMP := $(VENV)/.installed
+
+.PHONY: lab test install release bench clean-venv
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit("Python 3.10 or newer is needed; got " + sys.version.split()[0]) if sys.version_info < (3, 10) else None'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade --quiet pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	$(VENV)/bin/jupyter labextension list >/dev/null 2>&1 || true
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=course $(LAB_ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Regenerate the student release course/ from autograder/source/ (nbgrader generate_assignment).
+release: $(STAMP)
+	$(PY) -m autograder release
+
+bench: $(STAMP)
+	$(PY) -m solutions.bench
+
+clean-venv:
+	rm -rf $(VENV)

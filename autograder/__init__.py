@@ -1,0 +1,1 @@
+"""Grading for Transformer Deep Dive: checks, nbgrader config and a sandboxed batch grader."""
