@@ -1,0 +1,1 @@
+"""Checks written once per chapter; see autograder.checks.core for the protocol."""

@@ -1,0 +1,45 @@
+"""Student-side probes: call the learner's object on given inputs and return its outputs.
+
+These run inside the learner's kernel, so they import nothing from ``solutions``
+and decide nothing: verdicts are the judges' job (see :mod:`autograder.checks.core`).
+Every probe has the signature ``probe(obj, inputs: dict) -> dict`` of plain data
+(tensors, numbers, strings, None, lists, dicts) that :func:`core.encode` can send.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def call(obj: Any, inputs: dict) -> dict:
+    """``obj(*args, **kwargs)``; the result under ``"out"``."""
+    return {"out": obj(*inputs.get("args", ()), **inputs.get("kwargs", {}))}
+
+
+def call_with_grad(obj: Any, inputs: dict) -> dict:
+    """Call, then backpropagate ``sum(out * cotangent)``; returns ``out`` and the gradients
+    of the positional arguments listed in ``inputs["grad_args"]`` (None where no gradient flowed)."""
+    args = list(inputs.get("args", ()))
+    for i in inputs["grad_args"]:
+        args[i] = args[i].clone().requires_grad_(True)
+    out = obj(*args, **inputs.get("kwargs", {}))
+    first = out[0] if isinstance(out, tuple) else out
+    if not isinstance(first, torch.Tensor) or not first.requires_grad:
+        return {"out": first, "grads": [None for _ in inputs["grad_args"]]}
+    (first * inputs["cotangent"]).sum().backward()
+    return {"out": first.detach(), "grads": [args[i].grad for i in inputs["grad_args"]]}
+
+
+def module_forward(obj: Any, inputs: dict) -> dict:
+    """Build ``obj(*init_args, **init_kwargs)``, load ``state`` (a name → tensor dict, strict),
+    switch to eval mode and return ``forward(*args, **kwargs)`` and the parameter count."""
+    module = obj(*inputs.get("init_args", ()), **inputs.get("init_kwargs", {}))
+    if inputs.get("state") is not None:
+        module.load_state_dict(inputs["state"], strict=True)
+    module.eval()
+    with torch.no_grad():
+        out = module(*inputs.get("args", ()), **inputs.get("kwargs", {}))
+    n_params = sum(p.numel() for p in module.parameters())
+    return {"out": out, "n_params": n_params}

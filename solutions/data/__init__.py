@@ -1,0 +1,1 @@
+"""The embedded data sets: generated or shipped with the package, no download by default."""

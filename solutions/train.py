@@ -1,0 +1,80 @@
+"""Train a small model end to end on the embedded data (or yours).
+
+    python -m solutions.train translate --out runs/translate
+    python -m solutions.train vit --metrics-json vit.json
+    python -m solutions.train gpt --data my_text.txt --device cuda
+
+Each task lives in ``solutions/trainers/<task>.py`` and provides
+``add_arguments(parser)`` (its own options) and ``run(args) -> dict`` (trains,
+prints the held-out metric, saves a checkpoint under ``args.out``, returns the
+final held-out metrics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+TASKS = {
+    "translate": "English number words → German number words with an encoder-decoder Transformer",
+    "vit": "8×8 handwritten digits with a Vision Transformer (and a CNN baseline)",
+    "gpt": "a character-level decoder-only model on the embedded text, with KV-cache sampling",
+}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` = CUDA when present, else CPU; ``cuda`` without a GPU is an error, not a fallback."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda but no CUDA device is available; use --device cpu or auto")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m solutions.train",
+        description="Train a small Transformer end to end on the embedded data set, with no download.",
+    )
+    tasks = parser.add_subparsers(dest="task", required=True, metavar="{" + ",".join(TASKS) + "}")
+    for task, summary in TASKS.items():
+        sub = tasks.add_parser(task, help=summary, description=summary)
+        sub.add_argument("--out", type=Path, default=None,
+                         help="directory for the checkpoint (model.pt) and config; nothing is saved when omitted")
+        sub.add_argument("--metrics-json", type=Path, default=None,
+                         help="write the final held-out metrics to this JSON file")
+        sub.add_argument("--data", type=Path, default=None,
+                         help="your own data file instead of the embedded data set (format: see the task's help)")
+        sub.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                         help="where to train (default: auto = CUDA if available, else CPU)")
+        sub.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+        sub.add_argument("--quiet", action="store_true", help="no progress bar")
+        importlib.import_module(f"solutions.trainers.{task}").add_arguments(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    seed_everything(args.seed)
+    args.device = resolve_device(args.device)
+    trainer = importlib.import_module(f"solutions.trainers.{args.task}")
+    metrics = trainer.run(args)
+    if args.metrics_json is not None:
+        args.metrics_json.parent.mkdir(parents=True, exist_ok=True)
+        args.metrics_json.write_text(json.dumps(metrics, indent=2) + "\n")
+    return metrics
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
