@@ -69,7 +69,10 @@ def main(argv: list[str] | None = None) -> dict:
     seed_everything(args.seed)
     args.device = resolve_device(args.device)
     trainer = importlib.import_module(f"solutions.trainers.{args.task}")
-    metrics = trainer.run(args)
+    try:
+        metrics = trainer.run(args)
+    except ValueError as err:  # bad data or options: say what is wrong, no traceback
+        raise SystemExit(f"error: {err}") from None
     if args.metrics_json is not None:
         args.metrics_json.parent.mkdir(parents=True, exist_ok=True)
         args.metrics_json.write_text(json.dumps(metrics, indent=2) + "\n")

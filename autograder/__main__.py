@@ -1,0 +1,39 @@
+"""``python -m autograder {release,check,grade,feedback}``.
+
+Each command lives in its own module (``autograder/<command>.py``) that provides
+``add_arguments(parser)`` and ``run(args) -> int`` (the exit status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "release": ("release", "regenerate the student release course/ from autograder/source/ with nbgrader"),
+    "check": ("selfcheck", "self-check: run a notebook's visible tests in a fresh kernel and print the score"),
+    "grade": ("grade", "grade a folder of submissions in parallel, sandboxed, with the hidden tests"),
+    "feedback": ("feedback", "write per-student HTML feedback from a grades.csv"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    modules = {}
+    for command, (module_name, summary) in COMMANDS.items():
+        try:
+            module = importlib.import_module(f"autograder.{module_name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"autograder.{module_name}":
+                raise
+            continue
+        modules[command] = module
+        module.add_arguments(sub.add_parser(command, help=summary, description=summary))
+    args = parser.parse_args(argv)
+    return int(modules[args.command].run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
