@@ -68,8 +68,18 @@ class LearnedPositionalEmbedding(nn.Module):
         nn.init.normal_(self.embedding.weight, std=0.02)
 
     def forward(self, x: Float[Tensor, "batch seq d_model"], start_pos: int = 0) -> Float[Tensor, "batch seq d_model"]:
-        _check_positions(x, start_pos, self.max_len, self.d_model)
-        positions = torch.arange(start_pos, start_pos + x.shape[1], device=x.device)
+        """``x`` plus the learned vectors of positions ``start_pos … start_pos + seq - 1``."""
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be (batch, seq, d_model={self.d_model}); got shape {tuple(x.shape)}")
+        if not isinstance(start_pos, int) or start_pos < 0:
+            raise ValueError(f"start_pos must be a non-negative int; got {start_pos!r}")
+        end = start_pos + x.shape[1]
+        if end > self.max_len:  # an embedding table has no row for these: fail fast, never wrap or clamp
+            raise ValueError(
+                f"positions {start_pos}..{end - 1} go past max_len={self.max_len}; "
+                f"build the module with max_len >= {end} or feed shorter sequences"
+            )
+        positions = torch.arange(start_pos, end, device=x.device)
         return x + self.embedding(positions)
 
 

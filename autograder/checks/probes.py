@@ -43,3 +43,34 @@ def module_forward(obj: Any, inputs: dict) -> dict:
         out = module(*inputs.get("args", ()), **inputs.get("kwargs", {}))
     n_params = sum(p.numel() for p in module.parameters())
     return {"out": out, "n_params": n_params}
+
+
+# --- chapter 3 ---
+
+
+def _error(err: BaseException) -> dict:
+    return {"type": type(err).__name__, "message": str(err)[:500]}
+
+
+def call_or_error(obj: Any, inputs: dict) -> dict:
+    """Like :func:`call`, but an exception is returned (type and message) instead of raised,
+    so a judge can require e.g. a ValueError; ``out`` is None when it raised."""
+    try:
+        return {"out": obj(*inputs.get("args", ()), **inputs.get("kwargs", {})), "error": None}
+    except Exception as err:  # the judge decides whether this error was the expected one
+        return {"out": None, "error": _error(err)}
+
+
+def module_forward_or_error(obj: Any, inputs: dict) -> dict:
+    """Like :func:`module_forward` (construction and state loading must succeed), but an exception
+    raised by ``forward`` is returned (type and message) instead of raised."""
+    module = obj(*inputs.get("init_args", ()), **inputs.get("init_kwargs", {}))
+    if inputs.get("state") is not None:
+        module.load_state_dict(inputs["state"], strict=True)
+    module.eval()
+    try:
+        with torch.no_grad():
+            out = module(*inputs.get("args", ()), **inputs.get("kwargs", {}))
+    except Exception as err:  # the judge decides whether this error was the expected one
+        return {"out": None, "error": _error(err)}
+    return {"out": out, "error": None}
