@@ -41,6 +41,37 @@ def merge_heads(x: Float[Tensor, "batch heads seq d_head"]) -> Float[Tensor, "ba
     return rearrange(x, "batch heads seq d_head -> batch seq (heads d_head)")
 
 
+def repeat_kv_heads(x: Float[Tensor, "batch kv_heads seq d_head"], n_heads: int) -> Float[Tensor, "batch heads seq d_head"]:
+    """Give each of ``n_heads`` query heads its K/V head: query head i uses K/V head ``i // (n_heads // kv_heads)``."""
+    if x.dim() != 4:
+        raise ValueError(f"x must be (batch, kv_heads, seq, d_head); got shape {tuple(x.shape)}")
+    kv_heads = x.shape[1]
+    if n_heads < 1 or n_heads % kv_heads:
+        raise ValueError(
+            f"n_heads={n_heads} must be a positive multiple of the kv_heads={kv_heads} heads of x; "
+            f"e.g. n_heads={2 * kv_heads}"
+        )
+    # Consecutive query heads share a K/V head (like repeat_interleave), the grouping GQA checkpoints use.
+    return repeat(x, "batch kv_heads seq d_head -> batch (kv_heads group) seq d_head", group=n_heads // kv_heads)
+
+
+def attention_parameter_count(d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True) -> int:
+    """Weights and biases of ``MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, bias=bias)``."""
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    if d_model < 1 or n_heads < 1 or d_model % n_heads:
+        raise ValueError(
+            f"d_model={d_model} is not divisible by n_heads={n_heads}; "
+            f"pick n_heads from {_divisors(max(d_model, 1))}"
+        )
+    if n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ValueError(
+            f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}; pick n_kv_heads from {_divisors(n_heads)}"
+        )
+    kv_dim = n_kv_heads * (d_model // n_heads)
+    in_features = d_model + 2 * kv_dim  # W_Q is full width; W_K and W_V shrink with n_kv_heads
+    return d_model * in_features + d_model * d_model + (in_features + d_model if bias else 0)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head (and grouped-query) attention, batch first.
 
@@ -127,9 +158,7 @@ class MultiHeadAttention(nn.Module):
     ) -> Float[Tensor, "batch heads seq_q seq_k"]:
         """The per-head attention maps the forward pass would use (no dropout)."""
         q, k, v = self.project_qkv(x, context)
-        group = self.n_heads // self.n_kv_heads
-        k = repeat(k, "batch kv_heads seq d_head -> batch (kv_heads group) seq d_head", group=group)
-        v = repeat(v, "batch kv_heads seq d_head -> batch (kv_heads group) seq d_head", group=group)
+        k, v = repeat_kv_heads(k, self.n_heads), repeat_kv_heads(v, self.n_heads)
         return scaled_dot_product_attention(q, k, v, mask)[1]
 
     @classmethod

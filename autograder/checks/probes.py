@@ -74,3 +74,30 @@ def module_forward_or_error(obj: Any, inputs: dict) -> dict:
     except Exception as err:  # the judge decides whether this error was the expected one
         return {"out": None, "error": _error(err)}
     return {"out": out, "error": None}
+
+
+def rope_scores(obj: Any, inputs: dict) -> dict:
+    """For each ((q, m), (k, n)) in ``inputs["calls"]``: the dot product of ``obj(q, start_pos=m)``
+    and ``obj(k, start_pos=n)`` (one query and one key vector, shape (1, 1, 1, d_head)), as floats."""
+    scores = []
+    for (q, m), (k, n) in inputs["calls"]:
+        scores.append(float((obj(q, start_pos=m) * obj(k, start_pos=n)).sum()))
+    return {"scores": scores}
+
+
+# --- chapter 2 ---
+
+
+def module_forward_train_and_eval(obj: Any, inputs: dict) -> dict:
+    """Build and load ``obj`` like :func:`module_forward`, then run ``forward`` once in train mode
+    (after ``torch.manual_seed(inputs["seed"])``) and once in eval mode; both outputs are returned."""
+    module = obj(*inputs.get("init_args", ()), **inputs.get("init_kwargs", {}))
+    if inputs.get("state") is not None:
+        module.load_state_dict(inputs["state"], strict=True)
+    outputs = {}
+    for mode in ("train", "eval"):
+        module.train(mode == "train")
+        torch.manual_seed(inputs.get("seed", 0))
+        with torch.no_grad():
+            outputs[mode] = module(*inputs.get("args", ()), **inputs.get("kwargs", {}))
+    return outputs
