@@ -1,0 +1,416 @@
+"""Checks for chapter 3 (positional encodings), written once for the notebook, the grader and pytest.
+
+Each judge compares with :mod:`solutions.positional` and with properties; when
+the learner's output matches a known mistake (sin/cos swapped, exponent i/d,
+half-split RoPE pairs, ...) the hint names that mistake.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from autograder.checks.core import Case, CheckFailed, Exercise, expect_close, fail, run_exercise
+from solutions import positional as ref
+
+
+def _randint(gen: torch.Generator, low: int, high: int) -> int:
+    """An int in [low, high], drawn from ``gen``."""
+    return int(torch.randint(low, high + 1, (), generator=gen))
+
+
+def _matches(actual: Any, candidate: torch.Tensor, atol: float = 1e-5) -> bool:
+    return (
+        isinstance(actual, torch.Tensor)
+        and tuple(actual.shape) == tuple(candidate.shape)
+        and torch.allclose(actual.to(candidate.dtype), candidate, atol=atol, rtol=1e-4)
+    )
+
+
+def _diagnose(actual: Any, mistakes: list[tuple[str, torch.Tensor]], atol: float = 1e-5) -> None:
+    """Fail with the hint of the first known mistake that ``actual`` reproduces."""
+    for hint, candidate in mistakes:
+        if _matches(actual, candidate, atol):
+            fail(hint)
+
+
+def _expect_error(outputs: dict, what: str, error: str = "ValueError") -> None:
+    got = outputs.get("error")
+    if got is None:
+        fail(f"{what} must raise {error}, but your code returned a result: never index garbage, fail fast")
+    if got.get("type") != error:
+        fail(f"{what} must raise {error}; your code raised {got.get('type')}: {got.get('message')}")
+
+
+def _no_error(outputs: dict) -> None:
+    got = outputs.get("error")
+    if got is not None:
+        fail(f"your code raised {got.get('type')}: {got.get('message')}")
+
+
+# --- sinusoidal_encoding ---
+
+
+def _sinusoid_variant(seq_len: int, d_model: int, *, swap=False, exponent=2.0, base=10000.0, first=0) -> torch.Tensor:
+    """The encoding with one of the usual mistakes, for diagnosis (exponent 2 is the correct 2i/d)."""
+    position = torch.arange(first, first + seq_len, dtype=torch.float64)[:, None]
+    i = torch.arange(0, (d_model + 1) // 2, dtype=torch.float64)
+    angle = position / base ** (exponent * i / d_model)
+    first_fn, second_fn = (torch.cos, torch.sin) if swap else (torch.sin, torch.cos)
+    pe = torch.zeros(seq_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = first_fn(angle)
+    pe[:, 1::2] = second_fn(angle[:, : d_model // 2])
+    return pe
+
+
+def _sinusoid_inputs(seq_range: tuple[int, int], d_range: tuple[int, int], odd: bool = False):
+    def inputs(gen: torch.Generator) -> dict:
+        seq_len = _randint(gen, *seq_range)
+        d_model = 2 * _randint(gen, d_range[0] // 2, d_range[1] // 2) + (1 if odd else 0)
+        return {"args": (seq_len, d_model)}
+
+    return inputs
+
+
+def _judge_sinusoid(inputs: dict, outputs: dict) -> None:
+    seq_len, d_model = inputs["args"]
+    out = outputs["out"]
+    expected = ref.sinusoidal_encoding(seq_len, d_model).double()
+    if _matches(out, expected):
+        return
+    _diagnose(out, [
+        ("sin and cos are swapped: even columns 2i are sin, odd columns 2i+1 are cos (row 0 must be 0, 1, 0, 1, ...)",
+         _sinusoid_variant(seq_len, d_model, swap=True)),
+        ("the exponent is i/d instead of 2i/d: pair i (columns 2i and 2i+1) uses 10000^(2i/d_model)",
+         _sinusoid_variant(seq_len, d_model, exponent=1.0)),
+        ("the base must be 10000 (you used 1000)", _sinusoid_variant(seq_len, d_model, base=1000.0)),
+        ("positions start at 0, not 1: row 0 is the encoding of position 0 (sin 0 = 0, cos 0 = 1)",
+         _sinusoid_variant(seq_len, d_model, first=1)),
+        ("the columns are not interleaved: put sin in the even columns 0, 2, 4, ... and cos in the odd columns, "
+         "not all sines first and then all cosines",
+         torch.cat([expected[:, 0::2], expected[:, 1::2]], dim=-1)),
+    ])
+    expect_close(out, expected, "PE[p, 2i] = sin(p / 10000^(2i/d_model)), PE[p, 2i+1] = cos(p / 10000^(2i/d_model))",
+                 atol=1e-5)
+
+
+def _judge_sinusoid_first_row(inputs: dict, outputs: dict) -> None:
+    seq_len, d_model = inputs["args"]
+    out = outputs["out"]
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (seq_len, d_model):
+        fail(f"expected a tensor of shape (seq_len, d_model) = {(seq_len, d_model)}")
+    row0 = torch.tensor([0.0, 1.0] * d_model)[:d_model]
+    expect_close(out[0].double(), row0.double(),
+                 "row 0 (position 0) must be 0, 1, 0, 1, ...: sin(0) in even columns, cos(0) in odd ones")
+    _judge_sinusoid(inputs, outputs)
+
+
+def _judge_sinusoid_shift(inputs: dict, outputs: dict) -> None:
+    """PE(p + k) = M_k PE(p) with M_k block-diagonal rotations: check it on the learner's output."""
+    _judge_sinusoid(inputs, outputs)
+    seq_len, d_model = inputs["args"]
+    pe = outputs["out"].double()
+    k = inputs["shift"]
+    freq = 10000.0 ** (-torch.arange(0, d_model // 2, dtype=torch.float64) * 2 / d_model)
+    c, s = torch.cos(k * freq), torch.sin(k * freq)
+    sin_p, cos_p = pe[:-k, 0 : 2 * (d_model // 2) : 2], pe[:-k, 1::2]
+    shifted = torch.stack((sin_p * c + cos_p * s, cos_p * c - sin_p * s), dim=-1).flatten(-2)
+    expect_close(pe[k:, : 2 * (d_model // 2)], shifted, "PE(p + k) is not a rotation of PE(p) pair by pair", atol=1e-6)
+
+
+def _sinusoid_shift_inputs(gen: torch.Generator) -> dict:
+    return {"args": (_randint(gen, 20, 60), 2 * _randint(gen, 4, 16)), "shift": _randint(gen, 1, 7)}
+
+
+# --- LearnedPositionalEmbedding ---
+
+
+def _learned_inputs(start: str, *, batch_max: int = 3):
+    """``start``: "zero", "inside" (start_pos > 0, fits), "edge" (ends exactly at max_len), "past" (one too far)."""
+
+    def inputs(gen: torch.Generator) -> dict:
+        max_len, d_model = _randint(gen, 8, 24), _randint(gen, 2, 12)
+        seq = _randint(gen, 1, max_len // 2)
+        start_pos = {
+            "zero": 0,
+            "inside": _randint(gen, 1, max_len - seq),
+            "edge": max_len - seq,
+            "past": max_len - seq + _randint(gen, 1, 3),
+        }[start]
+        x = torch.randn(_randint(gen, 1, batch_max), seq, d_model, generator=gen)
+        weight = torch.randn(max_len, d_model, generator=gen)
+        return {"init_args": (max_len, d_model), "state": {"embedding.weight": weight},
+                "args": (x,), "kwargs": {"start_pos": start_pos}}
+
+    return inputs
+
+
+def _judge_learned(inputs: dict, outputs: dict) -> None:
+    _no_error(outputs)
+    (x,), start_pos = inputs["args"], inputs["kwargs"]["start_pos"]
+    weight = inputs["state"]["embedding.weight"]
+    seq = x.shape[1]
+    expected = x + weight[start_pos : start_pos + seq]
+    out = outputs["out"]
+    if _matches(out, expected):
+        return
+    _diagnose(out, [
+        ("start_pos is ignored: the tokens sit at positions start_pos … start_pos + seq - 1, not 0 … seq - 1",
+         x + weight[:seq]),
+        ("the positions are off by one: the first token is at position start_pos",
+         x + weight[start_pos + 1 : start_pos + seq + 1] if start_pos + seq + 1 <= weight.shape[0] else x),
+        ("return x PLUS the position vectors, not the position vectors alone", weight[start_pos : start_pos + seq].expand_as(x)),
+    ])
+    expect_close(out, expected, "the output must be x + embedding(positions start_pos … start_pos + seq - 1)")
+
+
+def _judge_learned_past(inputs: dict, outputs: dict) -> None:
+    (x,), start_pos = inputs["args"], inputs["kwargs"]["start_pos"]
+    max_len = inputs["init_args"][0]
+    what = f"positions {start_pos}..{start_pos + x.shape[1] - 1} with max_len={max_len}"
+    if outputs.get("error") is None:
+        fail(f"{what} must raise ValueError, but your code returned a result: past max_len there is no trained "
+             "vector, so a wrapped or clamped index is garbage; check start_pos + seq > max_len and raise")
+    if outputs["error"].get("type") != "ValueError":
+        fail(f"{what} must raise ValueError with a clear message; your code raised "
+             f"{outputs['error'].get('type')}: {outputs['error'].get('message')} "
+             "(check start_pos + seq against max_len yourself, before indexing)")
+    if "max_len" not in outputs["error"].get("message", ""):
+        fail("the ValueError message should name max_len and say what to do, e.g. "
+             "'positions 10..13 go past max_len=12; build the module with max_len >= 14'")
+
+
+# --- apply_rope ---
+
+
+def _rope_variant(x: torch.Tensor, start_pos: int, base: float, *, sign: float = 1.0, halves: bool = False):
+    angle = sign * ref.rope_angles(x.shape[-2], x.shape[-1], start_pos, base)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    if halves:
+        a, b = x.chunk(2, dim=-1)
+    else:
+        a, b = x[..., 0::2], x[..., 1::2]
+    ra, rb = a * cos - b * sin, a * sin + b * cos
+    if halves:
+        return torch.cat((ra, rb), dim=-1)
+    return torch.stack((ra, rb), dim=-1).flatten(-2)
+
+
+def _rope_inputs(*, start: bool, base: bool = False, dtype=torch.float32, long: bool = False):
+    def inputs(gen: torch.Generator) -> dict:
+        seq = _randint(gen, 40, 80) if long else _randint(gen, 3, 9)
+        d_head = 2 * _randint(gen, 2, 8)
+        x = torch.randn(_randint(gen, 1, 2), _randint(gen, 1, 3), seq, d_head, generator=gen, dtype=dtype)
+        kwargs = {}
+        if start:
+            kwargs["start_pos"] = _randint(gen, 1, 50)
+        if base:
+            kwargs["base"] = float(_randint(gen, 50, 500))
+        return {"args": (x,), "kwargs": kwargs}
+
+    return inputs
+
+
+def _judge_rope(inputs: dict, outputs: dict) -> None:
+    (x,) = inputs["args"]
+    start_pos, base = inputs["kwargs"].get("start_pos", 0), inputs["kwargs"].get("base", 10000.0)
+    out = outputs["out"]
+    expected = ref.apply_rope(x, start_pos, base)
+    atol = 1e-5 if x.dtype == torch.float32 else 1e-10
+    if _matches(out, expected, atol):
+        return
+    if isinstance(out, torch.Tensor) and out.shape == x.shape:
+        norms = out.to(x.dtype).norm(dim=-1)
+        if not torch.allclose(norms, x.norm(dim=-1), atol=1e-4 if x.dtype == torch.float32 else 1e-10, rtol=1e-4):
+            fail("a rotation preserves the norm of every (batch, head, position) vector, yours does not: "
+                 "rotate each pair (x[2i], x[2i+1]) as (a·cos - b·sin, a·sin + b·cos)")
+    _diagnose(out, [
+        ("you rotate the wrong way (the transpose): the rotated pair is (a·cos θ - b·sin θ, a·sin θ + b·cos θ)",
+         _rope_variant(x, start_pos, base, sign=-1.0)),
+        ("you rotate the two halves (x[i], x[i + d/2]) together; this chapter's convention rotates interleaved "
+         "pairs (x[2i], x[2i+1]) — mixing the two conventions between a model's q and k breaks RoPE",
+         _rope_variant(x, start_pos, base, halves=True)),
+        ("start_pos is ignored: the tokens sit at positions start_pos … start_pos + seq - 1",
+         _rope_variant(x, 0, base)),
+        ("the frequencies ignore base: θ_i = base^(-2i/d_head)", _rope_variant(x, start_pos, 10000.0)),
+        ("the exponent is i/d instead of 2i/d: pair i turns at base^(-2i/d_head) radians per position",
+         _rope_variant(x, start_pos, base ** 0.5)),
+    ], atol)
+    expect_close(out, expected, "rotate pair (x[2i], x[2i+1]) at position p by the angle p · base^(-2i/d_head)",
+                 atol=atol)
+
+
+def _rope_relative_inputs(gen: torch.Generator) -> dict:
+    d_head = 2 * _randint(gen, 2, 8)
+    q = torch.randn(1, 1, 1, d_head, generator=gen, dtype=torch.float64)
+    k = torch.randn(1, 1, 1, d_head, generator=gen, dtype=torch.float64)
+    offset = _randint(gen, 0, 5)
+    starts = [_randint(gen, 0, 40) for _ in range(3)]
+    # Each call places q at position start + offset and k at start.
+    return {"calls": [((q, start + offset), (k, start)) for start in starts], "q": q, "k": k, "offset": offset}
+
+
+def _judge_rope_relative(inputs: dict, outputs: dict) -> None:
+    scores = outputs["scores"]
+    if not all(isinstance(s, float) and math.isfinite(s) for s in scores):
+        fail("apply_rope must return finite tensors")
+    if max(scores) - min(scores) > 1e-9:
+        fail(f"<rope(q, m), rope(k, n)> must depend only on m - n = {inputs['offset']}; with the same offset at "
+             f"different positions you gave {[round(s, 6) for s in scores]}: use the same rotation for q and k, "
+             "angle = position · θ_i")
+
+
+# --- alibi_slopes ---
+
+
+def _naive_slopes(n: int) -> torch.Tensor:
+    start = 2.0 ** (-8.0 / n)
+    return torch.tensor([start ** (i + 1) for i in range(n)], dtype=torch.float64)
+
+
+def _slopes_inputs(choices: tuple[int, ...]):
+    def inputs(gen: torch.Generator) -> dict:
+        return {"args": (choices[_randint(gen, 0, len(choices) - 1)],)}
+
+    return inputs
+
+
+def _judge_slopes(inputs: dict, outputs: dict) -> None:
+    (n,) = inputs["args"]
+    out = outputs["out"]
+    expected = ref.alibi_slopes(n).double()
+    if _matches(out, expected, 1e-7):
+        return
+    _diagnose(out, [
+        ("slopes must be positive (the bias is -slope · distance)", -expected),
+        (f"for n_heads={n}, not a power of two, the paper does not use 2^(-8/n): take the slopes of the power of "
+         "two below n, then every other slope (0, 2, 4, ...) of the next power of two until you have n",
+         _naive_slopes(n)),
+        ("the slopes are in reverse order: head 0 has the largest slope 2^(-8/n)", expected.flip(0)),
+    ], 1e-7)
+    expect_close(out, expected, f"for n_heads={n} (a power of two) the slopes are 2^(-8/n), 2^(-16/n), …, 2^(-8)"
+                 if n & (n - 1) == 0 else f"wrong slopes for n_heads={n}", atol=1e-7)
+
+
+# --- alibi_bias ---
+
+
+def _bias_inputs(*, square: bool, power_of_two: bool = True):
+    def inputs(gen: torch.Generator) -> dict:
+        heads = 2 ** _randint(gen, 0, 4) if power_of_two else (3, 5, 6, 7, 12)[_randint(gen, 0, 4)]
+        seq_k = _randint(gen, 2, 10)
+        seq_q = seq_k if square else _randint(gen, 1, seq_k - 1)
+        return {"args": (heads, seq_q, seq_k)}
+
+    return inputs
+
+
+def _judge_bias(inputs: dict, outputs: dict) -> None:
+    heads, seq_q, seq_k = inputs["args"]
+    out = outputs["out"]
+    expected = ref.alibi_bias(heads, seq_q, seq_k).double()
+    if _matches(out, expected, 1e-6):
+        return
+    slopes = ref.alibi_slopes(heads).double()[:, None, None]
+    start_aligned = -slopes * (torch.arange(seq_q)[:, None] - torch.arange(seq_k)[None, :]).abs()
+    _diagnose(out, [
+        ("the bias must be a penalty: -slope · distance (≤ 0, 0 on the diagonal), yours is positive", -expected),
+        ("the queries are not end-aligned: with seq_q < seq_k the last query sits at key position seq_k - 1 "
+         "(query i is at position i + seq_k - seq_q, as in causal_mask)", start_aligned),
+        ("use the distance |i - j|, not the signed difference", -slopes * (
+            torch.arange(seq_q)[:, None] + (seq_k - seq_q) - torch.arange(seq_k)[None, :]).double()),
+    ], 1e-6)
+    expect_close(out, expected, "bias[h, i, j] = -slope_h · |i + (seq_k - seq_q) - j| with slope_h = alibi_slopes(n_heads)[h] "
+                 "(if your alibi_slopes fails its check, fix it first)", atol=1e-6)
+
+
+EXERCISES: dict[str, Exercise] = {
+    "sinusoidal_encoding": Exercise(
+        name="sinusoidal_encoding",
+        target="sinusoidal_encoding",
+        points=2,
+        visible=(
+            Case("position 0 is 0, 1, 0, 1, …", _sinusoid_inputs((2, 6), (4, 8)), "call", _judge_sinusoid_first_row),
+            Case("matches the formula", _sinusoid_inputs((4, 12), (4, 16)), "call", _judge_sinusoid),
+        ),
+        hidden=(
+            Case("long sequences", _sinusoid_inputs((200, 400), (32, 64)), "call", _judge_sinusoid),
+            Case("odd d_model", _sinusoid_inputs((3, 10), (4, 12), odd=True), "call", _judge_sinusoid),
+            Case("PE(p + k) is a rotation of PE(p)", _sinusoid_shift_inputs, "call", _judge_sinusoid_shift),
+        ),
+    ),
+    "LearnedPositionalEmbedding": Exercise(
+        name="LearnedPositionalEmbedding",
+        target="LearnedPositionalEmbedding",
+        points=2,
+        visible=(
+            Case("start_pos = 0", _learned_inputs("zero"), "module_forward_or_error", _judge_learned),
+            Case("start_pos > 0", _learned_inputs("inside"), "module_forward_or_error", _judge_learned),
+            Case("past max_len raises ValueError", _learned_inputs("past"), "module_forward_or_error",
+                 _judge_learned_past),
+        ),
+        hidden=(
+            Case("ending exactly at max_len is allowed", _learned_inputs("edge"), "module_forward_or_error",
+                 _judge_learned),
+            Case("one position past max_len raises ValueError", _learned_inputs("past"), "module_forward_or_error",
+                 _judge_learned_past),
+            Case("start_pos > 0, larger batch", _learned_inputs("inside", batch_max=6), "module_forward_or_error",
+                 _judge_learned),
+        ),
+    ),
+    "apply_rope": Exercise(
+        name="apply_rope",
+        target="apply_rope",
+        points=3,
+        visible=(
+            Case("rotates pairs (start_pos = 0)", _rope_inputs(start=False), "call", _judge_rope),
+            Case("start_pos > 0", _rope_inputs(start=True), "call", _judge_rope),
+        ),
+        hidden=(
+            Case("other base", _rope_inputs(start=True, base=True), "call", _judge_rope),
+            Case("float64, long sequences", _rope_inputs(start=True, dtype=torch.float64, long=True), "call",
+                 _judge_rope),
+            Case("score depends only on m - n", _rope_relative_inputs, "rope_scores", _judge_rope_relative),
+        ),
+    ),
+    "alibi_slopes": Exercise(
+        name="alibi_slopes",
+        target="alibi_slopes",
+        points=1,
+        visible=(
+            Case("8 heads: 1/2, 1/4, …, 1/256", _slopes_inputs((8,)), "call", _judge_slopes),
+            Case("powers of two", _slopes_inputs((1, 2, 4, 16, 32)), "call", _judge_slopes),
+        ),
+        hidden=(
+            Case("head counts that are not powers of two", _slopes_inputs((3, 5, 6, 7, 12, 20, 24, 28)), "call",
+                 _judge_slopes),
+            Case("more non-powers of two", _slopes_inputs((9, 10, 11, 13, 14, 15, 17, 30)), "call", _judge_slopes),
+        ),
+    ),
+    "alibi_bias": Exercise(
+        name="alibi_bias",
+        target="alibi_bias",
+        points=2,
+        visible=(
+            Case("square, power-of-two heads", _bias_inputs(square=True), "call", _judge_bias),
+        ),
+        hidden=(
+            Case("seq_q < seq_k: end-aligned", _bias_inputs(square=False), "call", _judge_bias),
+            Case("head counts that are not powers of two", _bias_inputs(square=True, power_of_two=False), "call",
+                 _judge_bias),
+            Case("end-aligned, any head count", _bias_inputs(square=False, power_of_two=False), "call", _judge_bias),
+        ),
+    ),
+}
+
+
+def run(name: str, obj: Any, *, level: str = "visible", seed: int = 0) -> None:
+    """Check the learner's ``obj`` for exercise ``name``; raises CheckFailed with a hint on the first failure."""
+    if name not in EXERCISES:
+        raise ValueError(f"unknown exercise {name!r}; pick one of {sorted(EXERCISES)}")
+    run_exercise(EXERCISES[name], obj, level=level, seed=seed)
+
+
+__all__ = ["EXERCISES", "run", "CheckFailed"]

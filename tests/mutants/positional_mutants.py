@@ -1,0 +1,243 @@
+"""Planted bugs for chapter 3 (positional encodings): each must FAIL the hidden checks of its exercise.
+
+Each mutant is a copy of the ``solutions.positional`` code with one realistic change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from einops import rearrange
+
+from solutions import positional as ref
+
+try:
+    from tests.mutants import Mutant
+except ImportError:  # the shared dataclass is not there yet
+
+    @dataclass(frozen=True)
+    class Mutant:
+        name: str
+        exercise: str  # Exercise.name in autograder.checks.<module>
+        description: str  # the real failure mode it models
+        obj: Any  # the buggy function or class
+
+
+# --- sinusoidal_encoding ---
+
+
+def _sinusoid(seq_len: int, d_model: int, *, swap=False, exponent=2.0, base=10000.0, first=0) -> torch.Tensor:
+    position = torch.arange(first, first + seq_len, dtype=torch.float64)[:, None]
+    two_i = exponent * torch.arange(0, (d_model + 1) // 2, dtype=torch.float64)
+    angle = position / base ** (two_i / d_model)
+    pe = torch.zeros(seq_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = (torch.cos if swap else torch.sin)(angle)
+    pe[:, 1::2] = (torch.sin if swap else torch.cos)(angle[:, : d_model // 2])
+    return pe.float()
+
+
+def sinusoid_sin_cos_swapped(seq_len: int, d_model: int) -> torch.Tensor:
+    return _sinusoid(seq_len, d_model, swap=True)
+
+
+def sinusoid_exponent_i_over_d(seq_len: int, d_model: int) -> torch.Tensor:
+    return _sinusoid(seq_len, d_model, exponent=1.0)
+
+
+def sinusoid_base_1000(seq_len: int, d_model: int) -> torch.Tensor:
+    return _sinusoid(seq_len, d_model, base=1000.0)
+
+
+def sinusoid_positions_from_1(seq_len: int, d_model: int) -> torch.Tensor:
+    return _sinusoid(seq_len, d_model, first=1)
+
+
+def sinusoid_concatenated(seq_len: int, d_model: int) -> torch.Tensor:
+    pe = ref.sinusoidal_encoding(seq_len, d_model)
+    return torch.cat([pe[:, 0::2], pe[:, 1::2]], dim=-1)
+
+
+def sinusoid_half_precision_angles(seq_len: int, d_model: int) -> torch.Tensor:
+    """Computes the angle as p * exp(-2i/d * ln 10000) in float16: visibly wrong at long lengths."""
+    position = torch.arange(seq_len, dtype=torch.float16)[:, None]
+    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)).half()
+    angle = (position * div).float()
+    pe = torch.zeros(seq_len, d_model)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return pe
+
+
+# --- LearnedPositionalEmbedding ---
+
+
+class LearnedStartPosIgnored(ref.LearnedPositionalEmbedding):
+    def forward(self, x, start_pos=0):
+        if x.shape[1] + start_pos > self.max_len:
+            raise ValueError(f"positions go past max_len={self.max_len}")
+        return x + self.embedding(torch.arange(x.shape[1]))
+
+
+class LearnedClampedIndex(ref.LearnedPositionalEmbedding):
+    def forward(self, x, start_pos=0):
+        positions = torch.arange(start_pos, start_pos + x.shape[1]).clamp(max=self.max_len - 1)
+        return x + self.embedding(positions)
+
+
+class LearnedWrappedIndex(ref.LearnedPositionalEmbedding):
+    def forward(self, x, start_pos=0):
+        positions = torch.arange(start_pos, start_pos + x.shape[1]) % self.max_len
+        return x + self.embedding(positions)
+
+
+class LearnedIndexError(ref.LearnedPositionalEmbedding):
+    """No check: nn.Embedding raises IndexError ("index out of range in self"), a cryptic production failure."""
+
+    def forward(self, x, start_pos=0):
+        return x + self.embedding(torch.arange(start_pos, start_pos + x.shape[1]))
+
+
+class LearnedOffByOneLimit(ref.LearnedPositionalEmbedding):
+    """Rejects a sequence that ends exactly at max_len (``>=`` instead of ``>``)."""
+
+    def forward(self, x, start_pos=0):
+        end = start_pos + x.shape[1]
+        if end >= self.max_len:
+            raise ValueError(f"positions {start_pos}..{end - 1} go past max_len={self.max_len}")
+        return x + self.embedding(torch.arange(start_pos, end))
+
+
+# --- apply_rope ---
+
+
+def _rope(x, start_pos=0, base=10000.0, *, sign=1.0, halves=False, ignore_start=False):
+    angle = sign * ref.rope_angles(x.shape[-2], x.shape[-1], 0 if ignore_start else start_pos, base)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    if halves:
+        a, b = x.chunk(2, dim=-1)
+        return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+    pairs = rearrange(x, "... seq (half two) -> ... seq half two", two=2)
+    a, b = pairs[..., 0], pairs[..., 1]
+    return rearrange(torch.stack((a * cos - b * sin, a * sin + b * cos), -1), "... seq half two -> ... seq (half two)")
+
+
+def rope_transposed(x, start_pos=0, base=10000.0):
+    return _rope(x, start_pos, base, sign=-1.0)
+
+
+def rope_half_split(x, start_pos=0, base=10000.0):
+    return _rope(x, start_pos, base, halves=True)
+
+
+def rope_start_pos_ignored(x, start_pos=0, base=10000.0):
+    return _rope(x, start_pos, base, ignore_start=True)
+
+
+def rope_base_ignored(x, start_pos=0, base=10000.0):
+    return _rope(x, start_pos, 10000.0)
+
+
+def rope_cos_sin_not_paired(x, start_pos=0, base=10000.0):
+    """Multiplies by cos and adds sin·x, the same for both members of a pair: not a rotation."""
+    angle = ref.rope_angles(x.shape[-2], x.shape[-1], start_pos, base).repeat_interleave(2, dim=-1)
+    return x * angle.cos().to(x.dtype) + x * angle.sin().to(x.dtype)
+
+
+# --- alibi_slopes ---
+
+
+def slopes_naive(n_heads: int) -> torch.Tensor:
+    start = 2.0 ** (-8.0 / n_heads)
+    return torch.tensor([start ** (i + 1) for i in range(n_heads)])
+
+
+def slopes_negative(n_heads: int) -> torch.Tensor:
+    return -ref.alibi_slopes(n_heads)
+
+
+def slopes_truncated_next_power(n_heads: int) -> torch.Tensor:
+    """Takes the first n slopes of the next power of two instead of the paper's interleaving rule."""
+    upper = 2 ** math.ceil(math.log2(n_heads))
+    return ref.alibi_slopes(upper)[:n_heads]
+
+
+def slopes_reversed(n_heads: int) -> torch.Tensor:
+    return ref.alibi_slopes(n_heads).flip(0)
+
+
+# --- alibi_bias ---
+
+
+def bias_positive(n_heads: int, seq_q: int, seq_k: int) -> torch.Tensor:
+    return -ref.alibi_bias(n_heads, seq_q, seq_k)
+
+
+def bias_start_aligned(n_heads: int, seq_q: int, seq_k: int) -> torch.Tensor:
+    distance = (torch.arange(seq_q)[:, None] - torch.arange(seq_k)[None, :]).abs()
+    return -ref.alibi_slopes(n_heads)[:, None, None] * distance
+
+
+def bias_signed_distance(n_heads: int, seq_q: int, seq_k: int) -> torch.Tensor:
+    distance = torch.arange(seq_q)[:, None] + (seq_k - seq_q) - torch.arange(seq_k)[None, :]
+    return -ref.alibi_slopes(n_heads)[:, None, None] * distance
+
+
+def bias_naive_slopes(n_heads: int, seq_q: int, seq_k: int) -> torch.Tensor:
+    distance = (torch.arange(seq_q)[:, None] + (seq_k - seq_q) - torch.arange(seq_k)[None, :]).abs()
+    return -slopes_naive(n_heads)[:, None, None] * distance
+
+
+MUTANTS: list[Mutant] = [
+    Mutant("sin_cos_swapped", "sinusoidal_encoding",
+           "cos in the even columns and sin in the odd ones (row 0 becomes 1, 0, 1, 0)", sinusoid_sin_cos_swapped),
+    Mutant("exponent_i_over_d", "sinusoidal_encoding",
+           "10000^(i/d) with i the column index used per pair instead of 2i/d: frequencies decay half as fast",
+           sinusoid_exponent_i_over_d),
+    Mutant("base_1000", "sinusoidal_encoding", "base 1000 instead of 10000 (a typo)", sinusoid_base_1000),
+    Mutant("positions_from_1", "sinusoidal_encoding", "positions counted from 1 instead of 0",
+           sinusoid_positions_from_1),
+    Mutant("sin_cos_concatenated", "sinusoidal_encoding",
+           "all sines then all cosines (the tensor2tensor layout) where the paper interleaves them",
+           sinusoid_concatenated),
+    Mutant("half_precision_angles", "sinusoidal_encoding",
+           "position × frequency computed in float16: angles lose precision at long lengths", sinusoid_half_precision_angles),
+    Mutant("learned_start_pos_ignored", "LearnedPositionalEmbedding",
+           "positions not advanced with start_pos (every chunk, every cached step, reuses positions 0…)",
+           LearnedStartPosIgnored),
+    Mutant("learned_clamped_index", "LearnedPositionalEmbedding",
+           "past max_len the index is clamped to the last row: silent garbage", LearnedClampedIndex),
+    Mutant("learned_wrapped_index", "LearnedPositionalEmbedding",
+           "past max_len the index wraps around (p % max_len): silent garbage", LearnedWrappedIndex),
+    Mutant("learned_index_error", "LearnedPositionalEmbedding",
+           "no length check: nn.Embedding raises a cryptic IndexError ('index out of range in self')",
+           LearnedIndexError),
+    Mutant("learned_off_by_one_limit", "LearnedPositionalEmbedding",
+           "end >= max_len rejected: the last position of the table can never be used", LearnedOffByOneLimit),
+    Mutant("rope_transposed", "apply_rope", "rotation by -θ (the transposed matrix)", rope_transposed),
+    Mutant("rope_half_split", "apply_rope",
+           "pairs (x[i], x[i + d/2]) as in GPT-NeoX/HF rotate_half, where this chapter's convention (and the "
+           "original RoFormer / Meta LLaMA code) pairs (x[2i], x[2i+1]); mixing them breaks checkpoint conversions",
+           rope_half_split),
+    Mutant("rope_start_pos_ignored", "apply_rope", "positions not advanced with start_pos (KV-cache decoding bug)",
+           rope_start_pos_ignored),
+    Mutant("rope_base_ignored", "apply_rope", "the base argument is ignored (10000 hard-coded)", rope_base_ignored),
+    Mutant("rope_not_a_rotation", "apply_rope", "x·cos + x·sin on each coordinate instead of rotating the pair",
+           rope_cos_sin_not_paired),
+    Mutant("slopes_naive", "alibi_slopes",
+           "2^(-8i/n) for every n: the paper's rule for non-powers of two (interleave the next power's slopes) "
+           "is skipped", slopes_naive),
+    Mutant("slopes_negative", "alibi_slopes", "negative slopes (sign folded into the slope)", slopes_negative),
+    Mutant("slopes_truncated", "alibi_slopes",
+           "first n slopes of the next power of two instead of the paper's interleaving", slopes_truncated_next_power),
+    Mutant("slopes_reversed", "alibi_slopes", "slopes in increasing order", slopes_reversed),
+    Mutant("bias_positive", "alibi_bias", "+slope·distance: far keys are favoured instead of penalised",
+           bias_positive),
+    Mutant("bias_start_aligned", "alibi_bias",
+           "query i placed at position i even when seq_q < seq_k (wrong with a KV cache)", bias_start_aligned),
+    Mutant("bias_signed_distance", "alibi_bias", "signed i - j instead of |i - j|", bias_signed_distance),
+    Mutant("bias_naive_slopes", "alibi_bias", "bias built from naive slopes for non-powers of two",
+           bias_naive_slopes),
+]
