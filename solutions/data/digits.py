@@ -1,0 +1,128 @@
+"""Image data for chapter 5: the embedded 8×8 handwritten digits, a user's .npz, MNIST/CIFAR-10 when online.
+
+The default, ``load_digits``, reads ``digits.csv.gz`` shipped next to this file:
+the UCI "Optical Recognition of Handwritten Digits" test set (1,797 images of
+8×8 pixels with values 0..16, CC BY 4.0; see README_digits.md). No download.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import torch
+from jaxtyping import Float, Int64
+from torch import Tensor
+
+DIGITS_FILE = Path(__file__).with_name("digits.csv.gz")
+DIGITS_MAX = 16.0  # each pixel counts the "on" pixels of a 4×4 block of the 32×32 bitmap
+SPLITS = ("train", "test", "all")
+
+
+def _read_digits_csv() -> tuple[np.ndarray, np.ndarray]:
+    with gzip.open(DIGITS_FILE, "rt") as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.int64)
+    return table[:, :64].reshape(-1, 8, 8), table[:, 64]
+
+
+def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (train, test): each class contributes round(test_fraction · its count) to test."""
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1); got {test_fraction}")
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        n_test = int(round(test_fraction * len(members)))
+        test.append(members[:n_test])
+        train.append(members[n_test:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def load_digits(
+    split: str = "train", seed: int = 0, test_fraction: float = 0.2
+) -> tuple[Float[Tensor, "batch 1 8 8"], Int64[Tensor, " batch"]]:
+    """The embedded digits as float images in [0, 1] and int64 labels 0..9.
+
+    ``split`` is "train", "test" or "all"; the split is stratified by class and
+    depends only on ``seed`` and ``test_fraction`` (the same on every machine).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}; got {split!r}")
+    pixels, labels = _read_digits_csv()
+    if split != "all":
+        train, test = stratified_split(labels, test_fraction, seed)
+        keep = train if split == "train" else test
+        pixels, labels = pixels[keep], labels[keep]
+    images = torch.from_numpy(pixels).float().div_(DIGITS_MAX).unsqueeze(1)
+    return images, torch.from_numpy(labels).long()
+
+
+def load_npz(
+    path: str | Path, test_fraction: float = 0.2, seed: int = 0
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """A user's ``.npz`` with ``images`` (N, C, H, W) or (N, H, W) and integer ``labels`` (N,).
+
+    Images are scaled to [0, 1] when they look like bytes (max > 1); labels must
+    be 0..n_classes-1. Returns ((train_images, train_labels), (test_images, test_labels)),
+    split stratified by class.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--data {path}: no such file")
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except Exception as err:  # not a zip / not numpy
+        raise ValueError(f"--data {path}: not a readable .npz file ({err})") from None
+    missing = [key for key in ("images", "labels") if key not in archive.files]
+    if missing:
+        raise ValueError(
+            f"--data {path}: missing array(s) {missing}; found {archive.files}. "
+            "Save with np.savez(path, images=images, labels=labels)"
+        )
+    images, labels = archive["images"], archive["labels"]
+    if images.ndim == 3:
+        images = images[:, None]
+    if images.ndim != 4:
+        raise ValueError(f"--data {path}: images must be (N, C, H, W) or (N, H, W); got shape {images.shape}")
+    if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
+        raise ValueError(
+            f"--data {path}: labels must be (N,) with N={images.shape[0]} like images; got shape {labels.shape}"
+        )
+    if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0:
+        raise ValueError(f"--data {path}: labels must be non-negative integers (class ids 0..n_classes-1)")
+    if images.shape[-1] != images.shape[-2]:
+        raise ValueError(f"--data {path}: images must be square; got height×width {images.shape[-2]}×{images.shape[-1]}")
+    if images.shape[0] < 2:
+        raise ValueError(f"--data {path}: need at least 2 images; got {images.shape[0]}")
+    images = images.astype(np.float32)
+    if images.max() > 1.0:
+        images = images / 255.0 if images.max() > 16.0 else images / images.max()
+    train, test = stratified_split(labels, test_fraction, seed)
+    if len(test) == 0 or len(train) == 0:
+        raise ValueError(f"--data {path}: too few images per class to hold out a test split")
+    x, y = torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
+    return (x[train], y[train]), (x[test], y[test])
+
+
+def load_torchvision(name: str, root: str | Path) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """MNIST or CIFAR-10 through torchvision, downloaded into ``root`` (needs the internet the first time)."""
+    import torchvision
+
+    classes = {"mnist": torchvision.datasets.MNIST, "cifar10": torchvision.datasets.CIFAR10}
+    if name not in classes:
+        raise ValueError(f"dataset must be one of {sorted(classes)}; got {name!r}")
+    splits = []
+    for train in (True, False):
+        try:
+            dataset = classes[name](root=str(root), train=train, download=True)
+        except Exception as err:  # typically no network
+            raise ValueError(
+                f"could not load {name} into {root} ({err}). It is downloaded on first use: go online once, "
+                f"or copy the torchvision {name} files into {root}, or use the embedded --dataset digits"
+            ) from None
+        data = torch.as_tensor(np.asarray(dataset.data))
+        images = data.unsqueeze(1) if data.dim() == 3 else data.permute(0, 3, 1, 2)  # MNIST (N,H,W); CIFAR (N,H,W,C)
+        splits.append((images.float().div_(255.0), torch.as_tensor(np.asarray(dataset.targets)).long()))
+    return splits[0], splits[1]

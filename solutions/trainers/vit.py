@@ -1,0 +1,198 @@
+"""``python -m solutions.train vit``: a small Vision Transformer (or a CNN baseline) on images.
+
+Default: the embedded 8×8 digits (no download), 4×4 = 16 patches of 2×2 pixels.
+``--dataset mnist|cifar10`` downloads through torchvision (online only);
+``--data FILE.npz`` trains on your arrays ``images`` (N, C, H, W) or (N, H, W)
+and ``labels`` (N,), holding out a stratified 20% for the test accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from solutions.data.digits import load_digits, load_npz, load_torchvision
+from solutions.vit import VisionTransformer
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        "--data FILE: an .npz with arrays 'images' (N, C, H, W) or (N, H, W), square, and integer 'labels' (N,) "
+        "in 0..n_classes-1; 20%% of each class is held out for the test accuracy."
+    )
+    parser.add_argument("--dataset", choices=("digits", "mnist", "cifar10"), default="digits",
+                        help="digits = the embedded 8×8 UCI digits (default, offline); mnist and cifar10 are "
+                             "downloaded by torchvision into --data-root (needs the internet once)")
+    parser.add_argument("--data-root", type=Path, default=Path("~/.cache/transformer-deep-dive").expanduser(),
+                        help="where torchvision keeps MNIST/CIFAR-10 (default: ~/.cache/transformer-deep-dive)")
+    parser.add_argument("--model", choices=("vit", "cnn"), default="vit",
+                        help="vit (default) or a small CNN baseline, to compare inductive biases")
+    parser.add_argument("--epochs", type=int, default=60, help="passes over the training set (default: 60)")
+    parser.add_argument("--time-budget", type=float, default=100.0,
+                        help="stop training after this many seconds even if epochs remain (default: 100; 0 = none)")
+    parser.add_argument("--batch-size", type=int, default=64, help="images per step (default: 64)")
+    parser.add_argument("--lr", type=float, default=2e-3, help="peak AdamW learning rate (default: 2e-3)")
+    parser.add_argument("--weight-decay", type=float, default=0.05,
+                        help="AdamW weight decay on matrices only (default: 0.05)")
+    parser.add_argument("--warmup-epochs", type=float, default=3.0,
+                        help="linear warm-up length before the cosine decay (default: 3)")
+    parser.add_argument("--no-augment", action="store_true", help="turn off random ±1-pixel shifts")
+    parser.add_argument("--patch-size", type=int, default=None,
+                        help="patch side in pixels (default: 2 for images up to 16 px, else the smallest "
+                             "giving at most 8×8 patches)")
+    parser.add_argument("--d-model", type=int, default=64, help="ViT token width (default: 64)")
+    parser.add_argument("--n-layers", type=int, default=4, help="ViT encoder blocks (default: 4)")
+    parser.add_argument("--n-heads", type=int, default=4, help="ViT attention heads (default: 4)")
+    parser.add_argument("--d-mlp", type=int, default=128, help="ViT MLP hidden width (default: 128)")
+    parser.add_argument("--dropout", type=float, default=0.0, help="ViT dropout (default: 0)")
+    parser.add_argument("--cnn-channels", type=int, default=32, help="CNN baseline width (default: 32)")
+
+
+class SmallCNN(nn.Module):
+    """The baseline: three 3×3 convolutions (locality and weight sharing built in), one pooling, a linear head."""
+
+    def __init__(self, in_channels: int, n_classes: int, channels: int = 32) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
+            nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.BatchNorm2d(2 * channels), nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(2 * channels, 2 * channels, 3, padding=1), nn.BatchNorm2d(2 * channels), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        )
+        self.head = nn.Linear(2 * channels, n_classes)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.head(self.features(images))
+
+
+def default_patch_size(image_size: int) -> int:
+    if image_size <= 16 and image_size % 2 == 0:
+        return 2
+    return next(p for p in range(1, image_size + 1) if image_size % p == 0 and image_size // p <= 8)
+
+
+def load_data(args: argparse.Namespace) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor], str]:
+    if args.data is not None:
+        train, test = load_npz(args.data, seed=args.seed)
+        return train, test, str(args.data)
+    if args.dataset == "digits":
+        return load_digits("train", seed=args.seed), load_digits("test", seed=args.seed), "digits"
+    train, test = load_torchvision(args.dataset, args.data_root)
+    return train, test, args.dataset
+
+
+def random_shift(images: Tensor, generator: torch.Generator, max_shift: int = 1) -> Tensor:
+    """Shift each image by up to ``max_shift`` pixels in each direction, filling with zeros."""
+    batch, _, height, width = images.shape
+    padded = F.pad(images, (max_shift,) * 4)
+    dy, dx = torch.randint(0, 2 * max_shift + 1, (2, batch, 1), generator=generator)
+    rows = (dy + torch.arange(height))[:, :, None]  # (batch, height, 1)
+    cols = (dx + torch.arange(width))[:, None, :]  # (batch, 1, width)
+    shifted = padded[torch.arange(batch)[:, None, None], :, rows, cols]  # (batch, height, width, channels)
+    return shifted.permute(0, 3, 1, 2).contiguous()
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay weight matrices and kernels; not biases, norms, [CLS] or position embeddings."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        skip = param.dim() < 2 or "position_embedding" in name or "cls_token" in name
+        (no_decay if skip else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def warmup_cosine(step: int, warmup: int, total: int) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+@torch.inference_mode()
+def evaluate(model: nn.Module, images: Tensor, labels: Tensor, device: torch.device, batch_size: int = 512) -> float:
+    model.eval()
+    correct = 0
+    for start in range(0, len(images), batch_size):
+        logits = model(images[start:start + batch_size].to(device))
+        correct += (logits.argmax(-1).cpu() == labels[start:start + batch_size]).sum().item()
+    return correct / len(images)
+
+
+def build_model(args: argparse.Namespace, in_channels: int, image_size: int, n_classes: int) -> tuple[nn.Module, dict]:
+    if args.model == "cnn":
+        config = {"in_channels": in_channels, "n_classes": n_classes, "channels": args.cnn_channels}
+        return SmallCNN(**config), config
+    patch_size = args.patch_size or default_patch_size(image_size)
+    model = VisionTransformer(image_size, patch_size, in_channels, n_classes, args.d_model, args.n_layers,
+                              args.n_heads, args.d_mlp, args.dropout)
+    return model, asdict(model.config)
+
+
+def run(args: argparse.Namespace) -> dict:
+    for name in ("epochs", "batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}")
+    (train_x, train_y), (test_x, test_y), source = load_data(args)
+    in_channels, image_size = train_x.shape[1], train_x.shape[-1]
+    n_classes = int(max(train_y.max(), test_y.max())) + 1
+    model, config = build_model(args, in_channels, image_size, n_classes)
+    model.to(args.device)
+    n_params = sum(p.numel() for p in model.parameters())
+
+    optimizer = torch.optim.AdamW(parameter_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999))
+    steps_per_epoch = math.ceil(len(train_x) / args.batch_size)
+    total = args.epochs * steps_per_epoch
+    warmup = max(1, int(args.warmup_epochs * steps_per_epoch))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup, total))
+    generator = torch.Generator().manual_seed(args.seed)
+
+    if not args.quiet:
+        print(f"{args.model} with {n_params:,} parameters on {source}: "
+              f"{len(train_x)} train / {len(test_x)} test images of {in_channels}×{image_size}×{image_size}")
+    start = time.perf_counter()
+    epochs_done = 0
+    progress = tqdm(range(args.epochs), desc=f"train {args.model}", disable=args.quiet)
+    for _ in progress:
+        model.train()
+        order = torch.randperm(len(train_x), generator=generator)
+        total_loss = 0.0
+        for i in range(0, len(order), args.batch_size):
+            index = order[i:i + args.batch_size]
+            images = train_x[index]
+            if not args.no_augment:
+                images = random_shift(images, generator)
+            loss = F.cross_entropy(model(images.to(args.device)), train_y[index].to(args.device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            total_loss += loss.item() * len(index)
+        epochs_done += 1
+        progress.set_postfix(loss=f"{total_loss / len(train_x):.4f}")
+        if args.time_budget and time.perf_counter() - start > args.time_budget:
+            if not args.quiet:
+                print(f"time budget of {args.time_budget:g} s reached after {epochs_done} of {args.epochs} epochs")
+            break
+    train_seconds = time.perf_counter() - start
+
+    accuracy = evaluate(model, test_x, test_y, args.device)
+    print(f"{args.model} test accuracy: {accuracy:.2%} on {len(test_x)} held-out images "
+          f"({epochs_done} epochs, {train_seconds:.1f} s)")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": args.model, "config": config, "state_dict": model.state_dict(),
+                    "accuracy": accuracy, "source": source}, args.out / "model.pt")
+        if not args.quiet:
+            print(f"checkpoint saved to {args.out / 'model.pt'}")
+    return {"accuracy": accuracy, "model": args.model, "epochs": epochs_done,
+            "train_seconds": round(train_seconds, 2), "parameters": n_params}
