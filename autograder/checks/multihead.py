@@ -1,0 +1,535 @@
+"""Checks for chapter 2, multi-head attention (the reference is :mod:`solutions.multihead`).
+
+Each judge compares with an independent reference (plain ``view``/``transpose``,
+``repeat_interleave``, ``nn.MultiheadAttention`` with copied weights,
+``F.scaled_dot_product_attention``) and, when the answer is wrong, recomputes the
+usual mistakes to name the one that was made.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from autograder.checks.core import Case, CheckFailed, Exercise, expect_close, fail, run_exercise
+from solutions import multihead as reference
+
+
+def _int(gen: torch.Generator, low: int, high: int) -> int:
+    """A random int in [low, high] drawn from ``gen``."""
+    return int(torch.randint(low, high + 1, (1,), generator=gen))
+
+
+def _same(actual: Any, candidate: Tensor, atol: float = 1e-5) -> bool:
+    return (
+        isinstance(actual, Tensor)
+        and tuple(actual.shape) == tuple(candidate.shape)
+        and actual.dtype == candidate.dtype
+        and torch.allclose(actual, candidate, atol=atol, rtol=1e-4, equal_nan=True)
+    )
+
+
+def _expect(actual: Any, expected: Tensor, hint: str, mistakes: list[tuple[Tensor, str]] = (), atol: float = 1e-5) -> None:
+    """Like expect_close, but first names a known mistake whose output ``actual`` reproduces."""
+    if not _same(actual, expected, atol):
+        for wrong, message in mistakes:
+            if _same(actual, wrong, atol):
+                fail(message)
+    expect_close(actual, expected, hint, atol=atol)
+
+
+def _expect_value_error(outputs: dict, argument: str, what: str) -> None:
+    error = outputs["error"]
+    if error is None:
+        fail(f"{what}, but your code returned a result: raise ValueError naming {argument} instead of going on")
+    if error["type"] != "ValueError":
+        fail(f"{what}: raise a ValueError (you raised {error['type']}: {error['message']})")
+    if argument not in error["message"]:
+        fail(f"{what}: your ValueError should name {argument} and say what to change; it said {error['message']!r}")
+
+
+# --- split_heads ---------------------------------------------------------------------------------
+
+
+def _split_inputs(gen: torch.Generator, heads_range=(2, 6), d_head_range=(2, 6)) -> dict:
+    batch, seq = _int(gen, 1, 3), _int(gen, 2, 5)
+    heads, d_head = _int(gen, *heads_range), _int(gen, *d_head_range)
+    if heads == d_head:  # keep the (heads d_head) / (d_head heads) mix-up visible in the shape
+        d_head += 1
+    return {"args": (torch.randn(batch, seq, heads * d_head, generator=gen), heads)}
+
+
+def _judge_split(inputs: dict, outputs: dict) -> None:
+    x, heads = inputs["args"]
+    batch, seq, d_model = x.shape
+    d_head = d_model // heads
+    expected = x.view(batch, seq, heads, d_head).transpose(1, 2)
+    _expect(
+        outputs["out"],
+        expected,
+        "head h must hold features h·d_head … (h+1)·d_head - 1 of every token, in shape (batch, heads, seq, d_head)",
+        [
+            (
+                x.view(batch, seq, d_head, heads).permute(0, 3, 1, 2),
+                "your heads take every n_heads-th feature: you split the last axis as (d_head heads); "
+                "it is (heads d_head) — head h owns a contiguous block of d_head features",
+            ),
+            (
+                x.reshape(batch, heads, seq, d_head),
+                "you reshaped straight to (batch, heads, seq, d_head), which mixes tokens across heads: "
+                "split the last axis into (heads, d_head) first, then move heads before seq",
+            ),
+        ],
+    )
+
+
+def _split_not_divisible_inputs(gen: torch.Generator) -> dict:
+    heads = _int(gen, 3, 5)
+    return {"args": (torch.randn(2, 3, heads * 4 + 1, generator=gen), heads)}
+
+
+def _judge_split_not_divisible(inputs: dict, outputs: dict) -> None:
+    x, heads = inputs["args"]
+    _expect_value_error(outputs, "n_heads", f"d_model={x.shape[-1]} is not divisible by n_heads={heads}")
+
+
+# --- merge_heads ---------------------------------------------------------------------------------
+
+
+def _merge_inputs(gen: torch.Generator) -> dict:
+    batch, seq, heads, d_head = _int(gen, 1, 3), _int(gen, 2, 5), _int(gen, 2, 5), _int(gen, 2, 5)
+    if heads == d_head:
+        d_head += 1
+    return {"args": (torch.randn(batch, heads, seq, d_head, generator=gen),)}
+
+
+def _judge_merge(inputs: dict, outputs: dict) -> None:
+    (x,) = inputs["args"]
+    batch, heads, seq, d_head = x.shape
+    expected = x.transpose(1, 2).reshape(batch, seq, heads * d_head)
+    _expect(
+        outputs["out"],
+        expected,
+        "merge_heads must undo split_heads: (batch, heads, seq, d_head) -> (batch, seq, heads·d_head), "
+        "head after head",
+        [
+            (
+                x.permute(0, 2, 3, 1).reshape(batch, seq, heads * d_head),
+                "your features are interleaved across heads: you merged as (d_head heads); "
+                "merge as (heads d_head) so head 0's d_head features come first",
+            ),
+            (
+                x.reshape(batch, seq, heads * d_head),
+                "you reshaped without moving the heads axis back after seq, which mixes tokens: "
+                "move heads next to d_head first (einops: 'batch heads seq d_head -> batch seq (heads d_head)')",
+            ),
+        ],
+    )
+
+
+def _judge_merge_roundtrip(inputs: dict, outputs: dict) -> None:
+    (x,) = inputs["args"]
+    batch, heads, seq, d_head = x.shape
+    tokens = x.transpose(1, 2).reshape(batch, seq, heads * d_head)
+    back = reference.split_heads(outputs["out"], heads) if isinstance(outputs["out"], Tensor) else None
+    if back is None or not _same(back, x):
+        fail("split_heads(merge_heads(x), heads) does not give x back: merge_heads is not the inverse of split_heads")
+    expect_close(outputs["out"], tokens, "merge_heads gives the wrong layout")
+
+
+# --- MultiHeadAttention ----------------------------------------------------------------------------
+
+
+def _state(module: nn.Module, gen: torch.Generator) -> dict[str, Tensor]:
+    """The reference module's parameter names with random values from ``gen`` (biases non-zero)."""
+    return {name: torch.randn(p.shape, generator=gen) * (0.5 if p.dim() > 1 else 0.2) for name, p in module.state_dict().items()}
+
+
+def _mha_inputs(
+    gen: torch.Generator,
+    *,
+    cross: bool = False,
+    padding: bool = False,
+    causal: bool = False,
+    kv_heads: bool = False,
+    bias: bool = True,
+) -> dict:
+    n_heads = [2, 4][_int(gen, 0, 1)] if not kv_heads else 4
+    d_head = _int(gen, 2, 5)
+    if d_head == n_heads:
+        d_head += 1
+    d_model = n_heads * d_head
+    init_kwargs: dict[str, Any] = {"bias": bias}
+    if kv_heads:
+        init_kwargs["n_kv_heads"] = 2  # with 1 (MQA) the grouping mistakes would not show
+    module = reference.MultiHeadAttention(d_model, n_heads, **init_kwargs)
+    batch, seq_q = _int(gen, 1, 3), _int(gen, 3, 6)
+    seq_k = seq_q + _int(gen, 1, 3) if cross else seq_q
+    x = torch.randn(batch, seq_q, d_model, generator=gen)
+    args: list[Any] = [x]
+    if cross or padding:
+        args.append(torch.randn(batch, seq_k, d_model, generator=gen) if cross else None)
+    if padding:
+        lengths = torch.randint(1, seq_k + 1, (batch,), generator=gen)
+        lengths[0] = seq_k - 1  # at least one padded key
+        args.append((torch.arange(seq_k) < lengths[:, None])[:, None, None, :])
+    return {
+        "init_args": (d_model, n_heads),
+        "init_kwargs": init_kwargs,
+        "state": _state(module, gen),
+        "args": tuple(args),
+        "kwargs": {"is_causal": True} if causal else {},
+    }
+
+
+def _call_parts(inputs: dict) -> tuple:
+    args = inputs["args"]
+    x = args[0]
+    context = args[1] if len(args) > 1 else None
+    mask = args[2] if len(args) > 2 else None
+    return x, context, mask, bool(inputs["kwargs"].get("is_causal", False))
+
+
+def _torch_reference(inputs: dict) -> Tensor:
+    """nn.MultiheadAttention (batch_first) with the same weights; PyTorch's masks mean True = NOT allowed."""
+    d_model, n_heads = inputs["init_args"]
+    state, bias = inputs["state"], inputs["init_kwargs"].get("bias", True)
+    x, context, mask, is_causal = _call_parts(inputs)
+    module = nn.MultiheadAttention(d_model, n_heads, bias=bias, batch_first=True)
+    with torch.no_grad():
+        module.in_proj_weight.copy_(state["in_proj.weight"])
+        module.out_proj.weight.copy_(state["out_proj.weight"])
+        if bias:
+            module.in_proj_bias.copy_(state["in_proj.bias"])
+            module.out_proj.bias.copy_(state["out_proj.bias"])
+    module.eval()
+    kv = x if context is None else context
+    seq_q, seq_k = x.shape[1], kv.shape[1]
+    attn_mask = None
+    if is_causal:
+        attn_mask = ~torch.ones(seq_q, seq_k, dtype=torch.bool).tril(seq_k - seq_q)
+    key_padding_mask = None if mask is None else ~mask[:, 0, 0, :]
+    with torch.no_grad():
+        out, _ = module(x, kv, kv, key_padding_mask=key_padding_mask, attn_mask=attn_mask, need_weights=False)
+    return out
+
+
+def _by_hand(inputs: dict, bug: str | None = None) -> Tensor:
+    """Multi-head attention written out with F.scaled_dot_product_attention, optionally with one known bug."""
+    d_model, n_heads = inputs["init_args"]
+    n_kv_heads = inputs["init_kwargs"].get("n_kv_heads") or n_heads
+    state = inputs["state"]
+    x, context, mask, is_causal = _call_parts(inputs)
+    d_head = d_model // n_heads
+    sizes = [d_model, n_kv_heads * d_head, n_kv_heads * d_head]
+    w_q, w_k, w_v = state["in_proj.weight"].split(sizes)
+    b_q, b_k, b_v = (None, None, None)
+    if "in_proj.bias" in state and bug != "no_in_proj_bias":
+        b_q, b_k, b_v = state["in_proj.bias"].split(sizes)
+    source = x if context is None else context
+    q = F.linear(source if bug == "query_from_context" else x, w_q, b_q)
+    k, v = F.linear(source, w_k, b_k), F.linear(source, w_v, b_v)
+    if bug == "kv_swapped":
+        k, v = v, k
+    layout = "batch seq (d_head heads) -> batch heads seq d_head" if bug == "split_transposed" else (
+        "batch seq (heads d_head) -> batch heads seq d_head"
+    )
+    q = rearrange(q, layout, d_head=d_head)
+    k, v = (rearrange(t, layout, d_head=d_head) for t in (k, v))
+    if bug == "kv_heads_tiled":
+        k, v = k.repeat(1, n_heads // n_kv_heads, 1, 1), v.repeat(1, n_heads // n_kv_heads, 1, 1)
+    else:
+        k = k.repeat_interleave(n_heads // n_kv_heads, dim=1)
+        v = v.repeat_interleave(n_heads // n_kv_heads, dim=1)
+    if bug == "scaled_twice":
+        q = q / math.sqrt(d_head)
+    if bug == "mask_inverted" and mask is not None:
+        mask = ~mask
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    if is_causal:
+        causal = torch.ones(seq_q, seq_k, dtype=torch.bool).tril(seq_k - seq_q)
+        mask = causal if mask is None else mask & causal
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).nan_to_num(0.0)
+    merge = "batch heads seq d_head -> batch seq (d_head heads)" if bug in ("split_transposed", "merge_transposed") else (
+        "batch heads seq d_head -> batch seq (heads d_head)"
+    )
+    merged = rearrange(out, merge)
+    if bug == "no_out_proj":
+        return merged
+    return F.linear(merged, state["out_proj.weight"], state.get("out_proj.bias"))
+
+
+_MHA_MISTAKES = {
+    "split_transposed": "your heads take every n_heads-th feature: split the projections as (heads d_head), not (d_head heads)",
+    "merge_transposed": "the heads are merged in (d_head heads) order: merge as (heads d_head), the inverse of the split",
+    "no_out_proj": "the output is the concatenated heads without W_O: finish with self.out_proj(...)",
+    "scaled_twice": "your scores are √d_head too small: attention(...) / F.scaled_dot_product_attention already divide "
+    "by √d_head, do not scale q yourself as well",
+    "kv_swapped": "keys and values are swapped: in_proj packs [W_Q; W_K; W_V] in that order",
+    "query_from_context": "in cross-attention the queries come from x; only keys and values come from context",
+    "no_in_proj_bias": "the in_proj bias is missing: project with self.in_proj (weight and bias)",
+    "kv_heads_tiled": "your K/V heads are tiled (0, 1, 0, 1, …): query head i must use K/V head i // group "
+    "(repeat_interleave), not i % n_kv_heads",
+    "mask_inverted": "your mask polarity is inverted: here True = may attend (like F.scaled_dot_product_attention's "
+    "boolean attn_mask); nn.MultiheadAttention's key_padding_mask is the opposite",
+}
+
+
+def _judge_mha(inputs: dict, outputs: dict, *, what: str) -> None:
+    n_kv_heads = inputs["init_kwargs"].get("n_kv_heads")
+    expected = _by_hand(inputs) if n_kv_heads else _torch_reference(inputs)
+    if not _same(outputs["out"], expected, 1e-4):
+        for bug, message in _MHA_MISTAKES.items():
+            if _same(outputs["out"], _by_hand(inputs, bug), 1e-4):
+                fail(message)
+    expect_close(outputs["out"], expected, what, atol=1e-4)
+
+
+def _dropout_inputs(gen: torch.Generator) -> dict:
+    n_heads, d_head = 4, _int(gen, 3, 5)
+    d_model = n_heads * d_head
+    module = reference.MultiHeadAttention(d_model, n_heads, dropout=0.5)
+    state = _state(module, gen)
+    # W_O = identity, so each head's output block is visible in the module output.
+    state["out_proj.weight"] = torch.eye(d_model)
+    state["out_proj.bias"] = torch.zeros(d_model)
+    batch, seq_q = 2, 8
+    return {
+        "init_args": (d_model, n_heads),
+        "init_kwargs": {"dropout": 0.5},
+        "state": state,
+        # One key: softmax gives it weight 1, so dropping that weight zeroes a whole head block.
+        "args": (torch.randn(batch, seq_q, d_model, generator=gen), torch.randn(batch, 1, d_model, generator=gen)),
+        "kwargs": {},
+        "seed": _int(gen, 0, 10_000),
+    }
+
+
+def _judge_dropout(inputs: dict, outputs: dict) -> None:
+    d_model, n_heads = inputs["init_args"]
+    state, (x, context) = inputs["state"], inputs["args"]
+    d_head = d_model // n_heads
+    w_v, b_v = state["in_proj.weight"][-d_model:], state["in_proj.bias"][-d_model:]
+    v = rearrange(F.linear(context, w_v, b_v), "batch 1 (heads d_head) -> batch 1 heads d_head", heads=n_heads)
+    kept_eval = v.expand(-1, x.shape[1], -1, -1).reshape(x.shape)
+    expect_close(outputs["eval"], kept_eval, "in eval mode (module.eval()) there must be no dropout", atol=1e-4)
+    train = outputs["train"]
+    if not isinstance(train, Tensor) or tuple(train.shape) != tuple(x.shape):
+        fail(f"train-mode output should have shape {tuple(x.shape)}")
+    blocks = rearrange(train, "batch seq (heads d_head) -> batch seq heads d_head", heads=n_heads)
+    kept = torch.isclose(blocks, v / 0.5, atol=1e-4).all(-1)
+    dropped = (blocks.abs() < 1e-6).all(-1)
+    if not (kept | dropped).all():
+        fail(
+            "in train mode some head outputs are partly zeroed or not rescaled: dropout belongs on the attention "
+            "weights (dropout_p=self.dropout in training), not on Q, K, V or the output features"
+        )
+    if not dropped.any():
+        fail("in train mode with dropout=0.5 no attention weight was dropped: pass dropout_p=self.dropout when self.training")
+    if not kept.any():
+        fail("in train mode every attention weight was dropped: dropout_p should be self.dropout, not 1")
+
+
+# --- attention_parameter_count ---------------------------------------------------------------------
+
+
+def _count_inputs(gen: torch.Generator, *, bias: bool = True, gqa: bool = False, big: bool = False) -> dict:
+    if big:
+        d_model, n_heads = [(768, 12), (12288, 96), (8192, 64)][_int(gen, 0, 2)]
+    else:
+        n_heads = [2, 4, 8][_int(gen, 0, 2)]
+        d_model = n_heads * _int(gen, 2, 16)
+    fewer = [d for d in range(1, n_heads) if n_heads % d == 0]
+    n_kv_heads = fewer[_int(gen, 0, len(fewer) - 1)] if gqa else None
+    return {"args": (d_model, n_heads), "kwargs": {"n_kv_heads": n_kv_heads, "bias": bias}}
+
+
+def _count_of(d_model: int, n_heads: int, n_kv_heads: int | None, bias: bool) -> int:
+    if n_kv_heads is None:
+        module = nn.MultiheadAttention(d_model, n_heads, bias=bias, device="meta")
+    else:
+        module = reference.MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, bias=bias)
+    return sum(p.numel() for p in module.parameters())
+
+
+def _judge_count(inputs: dict, outputs: dict) -> None:
+    d_model, n_heads = inputs["args"]
+    n_kv_heads, bias = inputs["kwargs"]["n_kv_heads"], inputs["kwargs"]["bias"]
+    with torch.device("meta"):
+        expected = _count_of(d_model, n_heads, n_kv_heads, bias)
+    got = outputs["out"]
+    if isinstance(got, bool) or not isinstance(got, int):
+        fail(f"return a Python int; got {type(got).__name__}")
+    if got == expected:
+        return
+    kv = n_kv_heads or n_heads
+    kv_dim = kv * (d_model // n_heads)
+    where = f"d_model={d_model}, n_heads={n_heads}, n_kv_heads={n_kv_heads}, bias={bias}"
+    if got == 4 * d_model * d_model + (4 * d_model if bias else 0) and kv != n_heads:
+        fail(f"{where}: you counted full-width K and V projections; with GQA they are d_model × n_kv_heads·d_head")
+    if bias and got == expected - (d_model + 2 * kv_dim) - d_model:
+        fail(f"{where}: the biases are missing (one per output feature of in_proj and out_proj)")
+    if got == expected - d_model * d_model - (d_model if bias else 0):
+        fail(f"{where}: the output projection W_O (d_model × d_model, plus its bias) is missing")
+    fail(f"{where}: expected {expected:,} parameters, got {got:,}")
+
+
+def _count_bad_inputs(gen: torch.Generator) -> dict:
+    n_heads = _int(gen, 5, 7)
+    return {"args": (n_heads * 8 + 2, n_heads), "kwargs": {}}
+
+
+def _judge_count_bad(inputs: dict, outputs: dict) -> None:
+    d_model, n_heads = inputs["args"]
+    _expect_value_error(outputs, "n_heads", f"d_model={d_model} is not divisible by n_heads={n_heads}")
+
+
+# --- repeat_kv_heads ------------------------------------------------------------------------------
+
+
+def _repeat_inputs(gen: torch.Generator, kv_heads: int | None = None, group: int | None = None) -> dict:
+    kv_heads = kv_heads or _int(gen, 2, 3)
+    group = group or _int(gen, 2, 3)
+    x = torch.randn(_int(gen, 1, 2), kv_heads, _int(gen, 2, 4), _int(gen, 2, 4), generator=gen)
+    return {"args": (x, kv_heads * group)}
+
+
+def _judge_repeat(inputs: dict, outputs: dict) -> None:
+    x, n_heads = inputs["args"]
+    group = n_heads // x.shape[1]
+    _expect(
+        outputs["out"],
+        x.repeat_interleave(group, dim=1),
+        f"query head i must use K/V head i // {group}: shape (batch, {n_heads}, seq, d_head)",
+        [
+            (
+                x.repeat(1, group, 1, 1),
+                "your K/V heads are tiled (0, 1, 0, 1, …): query head i must use K/V head i // group, so "
+                "consecutive query heads share one K/V head (0, 0, 1, 1, …) — use repeat_interleave, or "
+                "einops 'kv_heads -> (kv_heads group)', not '(group kv_heads)'",
+            )
+        ],
+    )
+
+
+def _repeat_bad_inputs(gen: torch.Generator) -> dict:
+    kv_heads = _int(gen, 3, 4)
+    return {"args": (torch.randn(1, kv_heads, 2, 2, generator=gen), kv_heads * 2 + 1)}
+
+
+def _judge_repeat_bad(inputs: dict, outputs: dict) -> None:
+    x, n_heads = inputs["args"]
+    _expect_value_error(outputs, "n_heads", f"n_heads={n_heads} is not a multiple of the {x.shape[1]} K/V heads")
+
+
+EXERCISES: dict[str, Exercise] = {
+    "split_heads": Exercise(
+        name="split_heads",
+        target="split_heads",
+        points=1,
+        visible=(Case("split (batch, seq, heads·d_head) into heads", _split_inputs, "call", _judge_split),),
+        hidden=(
+            Case("one head, or one feature per head", lambda g: _split_inputs(g, (1, 1), (1, 1)), "call", _judge_split),
+            Case("larger sizes", lambda g: _split_inputs(g, (6, 12), (4, 8)), "call", _judge_split),
+            Case("d_model not divisible by n_heads", _split_not_divisible_inputs, "call_or_error", _judge_split_not_divisible),
+        ),
+        forbidden=(("solutions.multihead", "split_heads"),),
+    ),
+    "merge_heads": Exercise(
+        name="merge_heads",
+        target="merge_heads",
+        points=1,
+        visible=(Case("merge heads back to (batch, seq, d_model)", _merge_inputs, "call", _judge_merge),),
+        hidden=(Case("merge_heads inverts split_heads", _merge_inputs, "call", _judge_merge_roundtrip),),
+        forbidden=(("solutions.multihead", "merge_heads"),),
+    ),
+    "MultiHeadAttention": Exercise(
+        name="MultiHeadAttention",
+        target="MultiHeadAttention",
+        points=3,
+        visible=(
+            Case(
+                "self-attention equals nn.MultiheadAttention with the same weights",
+                _mha_inputs,
+                "module_forward",
+                lambda i, o: _judge_mha(i, o, what="self-attention differs from nn.MultiheadAttention with the same weights"),
+            ),
+        ),
+        hidden=(
+            Case(
+                "causal self-attention",
+                lambda g: _mha_inputs(g, causal=True),
+                "module_forward",
+                lambda i, o: _judge_mha(i, o, what="with is_causal=True, a token may only attend to itself and the past"),
+            ),
+            Case(
+                "cross-attention with a key padding mask",
+                lambda g: _mha_inputs(g, cross=True, padding=True),
+                "module_forward",
+                lambda i, o: _judge_mha(
+                    i, o, what="cross-attention (queries from x, keys/values from context, mask True = may attend) is wrong"
+                ),
+            ),
+            Case(
+                "no biases",
+                lambda g: _mha_inputs(g, bias=False),
+                "module_forward",
+                lambda i, o: _judge_mha(i, o, what="with bias=False the output differs from nn.MultiheadAttention(bias=False)"),
+            ),
+            Case(
+                "grouped-query attention (n_kv_heads < n_heads)",
+                lambda g: _mha_inputs(g, kv_heads=True, cross=True),
+                "module_forward",
+                lambda i, o: _judge_mha(
+                    i, o, what="with n_kv_heads < n_heads, query head i must use K/V head i // (n_heads // n_kv_heads)"
+                ),
+            ),
+            Case("dropout on the attention weights", _dropout_inputs, "module_forward_train_and_eval", _judge_dropout),
+        ),
+        forbidden=(
+            ("torch.nn.functional", "multi_head_attention_forward"),
+            ("torch.nn.modules.activation", "MultiheadAttention"),
+            ("solutions.multihead", "MultiHeadAttention"),
+        ),
+    ),
+    "attention_parameter_count": Exercise(
+        name="attention_parameter_count",
+        target="attention_parameter_count",
+        points=1,
+        visible=(Case("count of multi-head attention", _count_inputs, "call", _judge_count),),
+        hidden=(
+            Case("without biases", lambda g: _count_inputs(g, bias=False), "call", _judge_count),
+            Case("grouped-query attention", lambda g: _count_inputs(g, gqa=True), "call", _judge_count),
+            Case("real model sizes", lambda g: _count_inputs(g, big=True, gqa=True), "call", _judge_count),
+            Case("d_model not divisible by n_heads", _count_bad_inputs, "call_or_error", _judge_count_bad),
+        ),
+        forbidden=(("solutions.multihead", "attention_parameter_count"),),
+    ),
+    "repeat_kv_heads": Exercise(
+        name="repeat_kv_heads",
+        target="repeat_kv_heads",
+        points=2,
+        visible=(Case("groups of query heads share a K/V head", _repeat_inputs, "call", _judge_repeat),),
+        hidden=(
+            Case("multi-query: one K/V head", lambda g: _repeat_inputs(g, kv_heads=1, group=4), "call", _judge_repeat),
+            Case("as many K/V heads as query heads", lambda g: _repeat_inputs(g, group=1), "call", _judge_repeat),
+            Case("n_heads not a multiple of the K/V heads", _repeat_bad_inputs, "call_or_error", _judge_repeat_bad),
+        ),
+        forbidden=(("solutions.multihead", "repeat_kv_heads"),),
+    ),
+}
+
+
+def run(name: str, obj: Any, *, level: str = "visible", seed: int = 0) -> None:
+    """Check the learner's ``obj`` for exercise ``name``; raises CheckFailed with a hint when wrong."""
+    if name not in EXERCISES:
+        raise ValueError(f"name must be one of {list(EXERCISES)}; got {name!r}")
+    run_exercise(EXERCISES[name], obj, level=level, seed=seed)
+
+
+__all__ = ["EXERCISES", "run", "CheckFailed"]

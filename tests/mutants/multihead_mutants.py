@@ -1,0 +1,229 @@
+"""Planted bugs for chapter 2 (multi-head attention): each must FAIL the hidden checks of its exercise.
+
+Each mutant is a copy of the ``solutions.multihead`` code with one realistic change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch.nn.functional as F
+from einops import rearrange, repeat
+from einops.layers.torch import Rearrange
+
+from solutions import multihead as ref
+from solutions.attention import attention
+
+try:
+    from tests.mutants import Mutant
+except ImportError:  # the shared dataclass is not there yet
+
+    @dataclass(frozen=True)
+    class Mutant:
+        name: str
+        exercise: str  # Exercise.name in autograder.checks.<module>
+        description: str  # the real failure mode it models
+        obj: Any  # the buggy function or class
+
+
+# --- split_heads / merge_heads ---
+
+
+def split_heads_transposed(x, n_heads):
+    if x.shape[-1] % n_heads:
+        raise ValueError(f"d_model={x.shape[-1]} is not divisible by n_heads={n_heads}")
+    return rearrange(x, "batch seq (d_head heads) -> batch heads seq d_head", heads=n_heads)
+
+
+def split_heads_plain_reshape(x, n_heads):
+    if x.shape[-1] % n_heads:
+        raise ValueError(f"d_model={x.shape[-1]} is not divisible by n_heads={n_heads}")
+    batch, seq, d_model = x.shape
+    return x.reshape(batch, n_heads, seq, d_model // n_heads)
+
+
+def split_heads_truncating(x, n_heads):
+    d_head = x.shape[-1] // n_heads
+    return rearrange(x[..., : n_heads * d_head], "batch seq (heads d_head) -> batch heads seq d_head", heads=n_heads)
+
+
+def merge_heads_transposed(x):
+    return rearrange(x, "batch heads seq d_head -> batch seq (d_head heads)")
+
+
+def merge_heads_plain_reshape(x):
+    batch, heads, seq, d_head = x.shape
+    return x.reshape(batch, seq, heads * d_head)
+
+
+# --- MultiHeadAttention (each keeps the reference __init__, so the state_dict names match) ---
+
+
+class MHASplitTransposed(ref.MultiHeadAttention):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.split_heads = Rearrange("batch seq (d_head heads) -> batch heads seq d_head", d_head=self.d_head)
+        self.merge_heads = Rearrange("batch heads seq d_head -> batch seq (d_head heads)")
+
+
+class MHAMergeTransposed(ref.MultiHeadAttention):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.merge_heads = Rearrange("batch heads seq d_head -> batch seq (d_head heads)")
+
+
+class MHANoOutProj(ref.MultiHeadAttention):
+    def forward(self, x, context=None, mask=None, *, is_causal=False):
+        q, k, v = self.project_qkv(x, context)
+        dropout_p = self.dropout if self.training else 0.0
+        out = attention(q, k, v, mask, is_causal=is_causal, dropout_p=dropout_p, backend=self.backend)
+        return self.merge_heads(out)
+
+
+class MHAScaledTwice(ref.MultiHeadAttention):
+    def forward(self, x, context=None, mask=None, *, is_causal=False):
+        q, k, v = self.project_qkv(x, context)
+        q = q / math.sqrt(self.d_head)  # SDPA scales again
+        dropout_p = self.dropout if self.training else 0.0
+        out = attention(q, k, v, mask, is_causal=is_causal, dropout_p=dropout_p, backend="sdpa")
+        return self.out_proj(self.merge_heads(out))
+
+
+class MHAKeysValuesSwapped(ref.MultiHeadAttention):
+    def project_qkv(self, x, context=None):
+        q, k, v = super().project_qkv(x, context)
+        return q, v, k
+
+
+class MHAQueryFromContext(ref.MultiHeadAttention):
+    def project_qkv(self, x, context=None):
+        return super().project_qkv(x if context is None else context, context)
+
+
+class MHAMaskInverted(ref.MultiHeadAttention):
+    def forward(self, x, context=None, mask=None, *, is_causal=False):
+        # "PyTorch masks mean True = ignore", applied to a mask that already follows SDPA's convention.
+        return super().forward(x, context, None if mask is None else ~mask, is_causal=is_causal)
+
+
+class MHADropoutOnValues(ref.MultiHeadAttention):
+    def forward(self, x, context=None, mask=None, *, is_causal=False):
+        q, k, v = self.project_qkv(x, context)
+        v = F.dropout(v, p=self.dropout, training=self.training)
+        out = attention(q, k, v, mask, is_causal=is_causal, backend=self.backend)
+        return self.out_proj(self.merge_heads(out))
+
+
+class MHADropoutAlways(ref.MultiHeadAttention):
+    def forward(self, x, context=None, mask=None, *, is_causal=False):
+        q, k, v = self.project_qkv(x, context)
+        out = attention(q, k, v, mask, is_causal=is_causal, dropout_p=self.dropout, backend=self.backend)
+        return self.out_proj(self.merge_heads(out))
+
+
+class MHANoBias(ref.MultiHeadAttention):
+    def project_qkv(self, x, context=None):
+        sizes = [self.d_model, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head]
+        q, k, v = F.linear(x if context is None else x, self.in_proj.weight).split(sizes, dim=-1)
+        if context is not None:
+            _, k, v = F.linear(context, self.in_proj.weight).split(sizes, dim=-1)
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+
+
+class MHAGQATiled(ref.MultiHeadAttention):
+    def forward(self, x, context=None, mask=None, *, is_causal=False):
+        q, k, v = self.project_qkv(x, context)
+        group = self.n_heads // self.n_kv_heads
+        k = repeat(k, "batch kv_heads seq d_head -> batch (group kv_heads) seq d_head", group=group)
+        v = repeat(v, "batch kv_heads seq d_head -> batch (group kv_heads) seq d_head", group=group)
+        dropout_p = self.dropout if self.training else 0.0
+        out = attention(q, k, v, mask, is_causal=is_causal, dropout_p=dropout_p, backend=self.backend)
+        return self.out_proj(self.merge_heads(out))
+
+
+# --- attention_parameter_count ---
+
+
+def count_without_bias(d_model, n_heads, n_kv_heads=None, bias=True):
+    return ref.attention_parameter_count(d_model, n_heads, n_kv_heads, bias=False)
+
+
+def count_ignoring_gqa(d_model, n_heads, n_kv_heads=None, bias=True):
+    return ref.attention_parameter_count(d_model, n_heads, None, bias)
+
+
+def count_without_out_proj(d_model, n_heads, n_kv_heads=None, bias=True):
+    return ref.attention_parameter_count(d_model, n_heads, n_kv_heads, bias) - d_model * d_model - (d_model if bias else 0)
+
+
+# --- repeat_kv_heads ---
+
+
+def repeat_kv_heads_tiled(x, n_heads):
+    if n_heads % x.shape[1]:
+        raise ValueError(f"n_heads={n_heads} must be a multiple of kv_heads={x.shape[1]}")
+    return x.repeat(1, n_heads // x.shape[1], 1, 1)
+
+
+def repeat_kv_heads_unchecked(x, n_heads):
+    return x.repeat_interleave(max(n_heads // x.shape[1], 1), dim=1)
+
+
+MUTANTS: list[Mutant] = [
+    Mutant("split_heads_transposed", "split_heads",
+           "heads split as (d_head heads): head h gets every n_heads-th feature instead of a contiguous block",
+           split_heads_transposed),
+    Mutant("split_heads_plain_reshape", "split_heads",
+           "x.reshape(batch, heads, seq, d_head) without a transpose: mixes tokens across heads "
+           "(a frequent first attempt; the classic .view-instead-of-.transpose bug)",
+           split_heads_plain_reshape),
+    Mutant("split_heads_truncating", "split_heads",
+           "d_model not divisible by n_heads: integer division silently drops the last features instead of raising",
+           split_heads_truncating),
+    Mutant("merge_heads_transposed", "merge_heads",
+           "heads merged as (d_head heads): features interleaved across heads, not the inverse of the split",
+           merge_heads_transposed),
+    Mutant("merge_heads_plain_reshape", "merge_heads",
+           "reshape to (batch, seq, d_model) without moving heads back after seq (forgetting .transpose(1, 2))",
+           merge_heads_plain_reshape),
+    Mutant("mha_split_transposed", "MultiHeadAttention",
+           "the module splits and merges heads as (d_head heads): self-consistent, but not the layout of "
+           "nn.MultiheadAttention weights, so loaded checkpoints give wrong outputs",
+           MHASplitTransposed),
+    Mutant("mha_merge_transposed", "MultiHeadAttention",
+           "heads merged in the wrong order before W_O", MHAMergeTransposed),
+    Mutant("mha_no_out_proj", "MultiHeadAttention",
+           "the concatenated heads are returned without the output projection W_O", MHANoOutProj),
+    Mutant("mha_scaled_twice", "MultiHeadAttention",
+           "q divided by √d_head before F.scaled_dot_product_attention, which scales again", MHAScaledTwice),
+    Mutant("mha_keys_values_swapped", "MultiHeadAttention",
+           "the packed in_proj split as [Q; V; K] instead of [Q; K; V]", MHAKeysValuesSwapped),
+    Mutant("mha_query_from_context", "MultiHeadAttention",
+           "cross-attention takes the queries from the context (encoder output) instead of x", MHAQueryFromContext),
+    Mutant("mha_mask_inverted", "MultiHeadAttention",
+           "mask polarity inverted when converting between PyTorch's key_padding_mask (True = ignore) and "
+           "SDPA's boolean attn_mask (True = attend)", MHAMaskInverted),
+    Mutant("mha_dropout_on_values", "MultiHeadAttention",
+           "dropout applied to V instead of the attention weights", MHADropoutOnValues),
+    Mutant("mha_dropout_in_eval", "MultiHeadAttention",
+           "dropout_p passed unconditionally, so dropout also runs in eval mode", MHADropoutAlways),
+    Mutant("mha_no_bias", "MultiHeadAttention",
+           "the in_proj bias is ignored (F.linear without bias)", MHANoBias),
+    Mutant("mha_gqa_tiled", "MultiHeadAttention",
+           "GQA K/V heads repeated with repeat/tile instead of repeat_interleave: query head i uses K/V head "
+           "i % kv_heads instead of i // group, which breaks checkpoints trained with the usual grouping",
+           MHAGQATiled),
+    Mutant("count_without_bias", "attention_parameter_count", "biases forgotten", count_without_bias),
+    Mutant("count_ignoring_gqa", "attention_parameter_count",
+           "K and V projections counted full width under GQA", count_ignoring_gqa),
+    Mutant("count_without_out_proj", "attention_parameter_count", "W_O forgotten (3·d² instead of 4·d²)",
+           count_without_out_proj),
+    Mutant("repeat_kv_heads_tiled", "repeat_kv_heads",
+           "x.repeat(1, group, 1, 1) tiles the K/V heads (0, 1, 0, 1) instead of grouping them (0, 0, 1, 1)",
+           repeat_kv_heads_tiled),
+    Mutant("repeat_kv_heads_unchecked", "repeat_kv_heads",
+           "no check that n_heads is a multiple of the K/V heads: returns the wrong number of heads silently",
+           repeat_kv_heads_unchecked),
+]
