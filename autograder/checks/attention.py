@@ -1,0 +1,398 @@
+"""Checks for chapter 1, attention by hand (``solutions.attention``).
+
+The references are computed here from plain ``torch`` operations and
+``F.scaled_dot_product_attention``, independently of ``solutions``; the judges
+then look for the usual mistakes to name them in the hint.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from autograder.checks.core import Case, CheckFailed, Exercise, expect_close, fail, run_exercise
+
+
+def _randn(gen: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(dtype)
+
+
+def _tol(dtype: torch.dtype) -> dict[str, float]:
+    if dtype == torch.float16:
+        return {"atol": 2e-2, "rtol": 2e-2}
+    if dtype == torch.float64:
+        return {"atol": 1e-9, "rtol": 1e-7}
+    return {"atol": 1e-5, "rtol": 1e-4}
+
+
+def _out(outputs: dict[str, Any]) -> Any:
+    return outputs["out"]
+
+
+# --- attention_scores ---------------------------------------------------------
+
+
+def _scores_inputs(*lead: int, seq_q: int, seq_k: int, d_head: int, dtype: torch.dtype = torch.float32):
+    def inputs(gen: torch.Generator) -> dict[str, Any]:
+        q = _randn(gen, *lead, seq_q, d_head, dtype=dtype)
+        k = _randn(gen, *lead, seq_k, d_head, dtype=dtype)
+        return {"args": (q, k)}
+
+    return inputs
+
+
+def _judge_scores(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+    q, k = inputs["args"]
+    got = _out(outputs)
+    d_head = q.shape[-1]
+    expected = (q.double() @ k.double().transpose(-2, -1) / math.sqrt(d_head)).to(q.dtype)
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape and got.dtype != q.dtype:
+        fail(f"keep the input dtype: q is {q.dtype}, your scores are {got.dtype}")
+    if isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(expected.transpose(-2, -1).shape) and q.shape[-2] != k.shape[-2]:
+        fail("scores must be (..., seq_q, seq_k): one row per query, one column per key — compute q @ kᵀ, not k @ qᵀ")
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape:
+        for factor, hint in (
+            (math.sqrt(d_head), f"your scores are √d_k = {math.sqrt(d_head):.3g}× too large: divide q·k by √d_k"),
+            (1 / math.sqrt(d_head), f"your scores are √d_k = {math.sqrt(d_head):.3g}× too small: divide by √d_k, not by d_k"),
+        ):
+            if torch.allclose(got.double(), expected.double() * factor, **_tol(q.dtype)):
+                fail(hint)
+    expect_close(got, expected, "scores should be q @ kᵀ / √d_k over the last axis (d_head)", **_tol(q.dtype))
+
+
+# --- softmax ------------------------------------------------------------------
+
+
+def _softmax_inputs(*shape: int, dim: int | None = None, dtype: torch.dtype = torch.float32, scale: float = 1.0,
+                    offset: float = 0.0, row_offsets: bool = False):
+    def inputs(gen: torch.Generator) -> dict[str, Any]:
+        x = _randn(gen, *shape, dtype=torch.float64, scale=scale) + offset
+        if row_offsets:  # rows on very different scales: a global max underflows the small rows
+            x = x + torch.linspace(0, 2000, shape[0], dtype=torch.float64).reshape(-1, *([1] * (len(shape) - 1)))
+        return {"args": (x.to(dtype),), "kwargs": {} if dim is None else {"dim": dim}}
+
+    return inputs
+
+
+def _judge_softmax(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+    (x,) = inputs["args"]
+    dim = inputs["kwargs"].get("dim", -1)
+    got = _out(outputs)
+    expected = torch.softmax(x.double(), dim=dim).to(x.dtype)
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape:
+        if got.dtype != x.dtype:
+            fail(f"keep the input dtype: x is {x.dtype}, your output is {got.dtype}")
+        if not torch.isfinite(got).all():
+            fail("your softmax gives NaN or inf on large logits: exp overflows. Subtract the max along `dim` "
+                 "(keepdim=True) before exp; the shift cancels in the ratio")
+        if not torch.allclose(got.double().sum(dim=dim), torch.ones(()).double(), atol=1e-3):
+            other = [d for d in range(x.dim()) if d != dim % x.dim()]
+            if any(torch.allclose(got.double().sum(dim=d), torch.ones(()).double(), atol=1e-3) for d in other):
+                fail(f"your output sums to 1 along another axis: normalise along dim={dim}, the `dim` argument")
+            fail(f"your output does not sum to 1 along dim={dim}: divide exp(x) by its sum along dim (keepdim=True); "
+                 "if you subtracted one global max, small rows underflow to 0/0 — subtract the max of each row")
+    expect_close(got, expected, f"softmax along dim={dim} differs from exp(x) / sum(exp(x))", **_tol(x.dtype))
+
+
+# --- causal_mask --------------------------------------------------------------
+
+
+def _causal_inputs(seq_q: int | None = None, seq_k: int | None = None, *, extra: int | None = None):
+    """Sizes fixed, or drawn from ``gen``: seq_q in [1, 8], seq_k = seq_q + extra."""
+
+    def inputs(gen: torch.Generator) -> dict[str, Any]:
+        q = seq_q if seq_q is not None else int(torch.randint(1, 9, (), generator=gen))
+        if extra is not None:
+            return {"args": (q, q + extra)}
+        return {"args": (q,) if seq_k is None else (q, seq_k)}
+
+    return inputs
+
+
+def _judge_causal(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+    seq_q = inputs["args"][0]
+    seq_k = inputs["args"][1] if len(inputs["args"]) > 1 else seq_q
+    got = _out(outputs)
+    i = torch.arange(seq_q).unsqueeze(1)
+    j = torch.arange(seq_k).unsqueeze(0)
+    expected = j <= i + (seq_k - seq_q)
+    if not isinstance(got, torch.Tensor):
+        fail(f"expected a torch.Tensor, got {type(got).__name__}")
+    if got.dtype != torch.bool:
+        fail(f"return a bool tensor (True = may attend), not {got.dtype}: use dtype=torch.bool or a comparison")
+    if tuple(got.shape) != (seq_q, seq_k):
+        fail(f"wrong shape: got {tuple(got.shape)}, expected (seq_q, seq_k) = {(seq_q, seq_k)}")
+    if torch.equal(got, expected):
+        return
+    if torch.equal(got, ~expected) or (seq_q > 1 and torch.equal(got, ~(j < i + (seq_k - seq_q)))):
+        fail("your mask has the wrong polarity: True must mean 'may attend' (the past and the token itself)")
+    if torch.equal(got, j < i + (seq_k - seq_q)):
+        fail("a token must see itself: keep the diagonal (tril with diagonal=0, not -1)")
+    if torch.equal(got, j <= i + (seq_k - seq_q) + 1):
+        fail("your mask lets each token see the next one: the diagonal is off by one")
+    if seq_k != seq_q and torch.equal(got, j <= i):
+        fail("with seq_k > seq_q (earlier keys in a cache) align the mask to the end: query i sees keys "
+             "j <= i + (seq_k - seq_q), i.e. tril(diagonal=seq_k - seq_q); the last query sees every key")
+    expect_close(got, expected, "query i may attend key j iff j <= i + (seq_k - seq_q)")
+
+
+# --- padding_mask -------------------------------------------------------------
+
+
+def _padding_inputs(batch: int, seq_k: int, *, pad_id: int = 0, left: bool = False, all_pad_row: bool = False,
+                    dtype: torch.dtype = torch.int64):
+    def inputs(gen: torch.Generator) -> dict[str, Any]:
+        tokens = torch.randint(1, 50, (batch, seq_k), generator=gen)
+        tokens = torch.where(tokens == pad_id, tokens + 1, tokens)  # real tokens never equal pad_id
+        lengths = torch.randint(1, seq_k + 1, (batch,), generator=gen)
+        lengths[0] = seq_k - 1  # at least one row with padding
+        if all_pad_row:
+            lengths[-1] = 0
+        pos = torch.arange(seq_k).unsqueeze(0)
+        real = pos >= (seq_k - lengths).unsqueeze(1) if left else pos < lengths.unsqueeze(1)
+        tokens = torch.where(real, tokens, torch.full_like(tokens, pad_id)).to(dtype)
+        return {"args": (tokens, pad_id)}
+
+    return inputs
+
+
+def _judge_padding(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+    tokens, pad_id = inputs["args"]
+    got = _out(outputs)
+    batch, seq_k = tokens.shape
+    expected = (tokens != pad_id).reshape(batch, 1, 1, seq_k)
+    if not isinstance(got, torch.Tensor):
+        fail(f"expected a torch.Tensor, got {type(got).__name__}")
+    if got.dtype != torch.bool:
+        fail(f"return a bool tensor (True = real token), not {got.dtype}")
+    if tuple(got.shape) == (batch, seq_k):
+        fail("shape (batch, seq_k) does not broadcast against scores (batch, heads, seq_q, seq_k): "
+             "return (batch, 1, 1, seq_k)")
+    if tuple(got.shape) == (batch, 1, seq_k, 1):
+        fail("your mask hides padded queries, not padded keys: the pad axis must be the last one, (batch, 1, 1, seq_k)")
+    if tuple(got.shape) != (batch, 1, 1, seq_k):
+        fail(f"wrong shape: got {tuple(got.shape)}, expected (batch, 1, 1, seq_k) = {(batch, 1, 1, seq_k)}")
+    if torch.equal(got, expected):
+        return
+    if torch.equal(got, ~expected):
+        fail("wrong polarity: True must mean 'real token, may attend', False = padding")
+    if pad_id != 0 and torch.equal(got, (tokens != 0).reshape(batch, 1, 1, seq_k)):
+        fail(f"use the pad_id argument (here {pad_id}), not a hard-coded 0")
+    expect_close(got, expected, "True where tokens != pad_id, False on padding")
+
+
+# --- scaled_dot_product_attention --------------------------------------------
+
+
+def _sdpa_inputs(batch: int, heads: int, seq_q: int, seq_k: int, d_head: int, *, mask: str | None = None,
+                 dtype: torch.dtype = torch.float32, large: bool = False, grad: bool = False):
+    """``mask``: None, "causal", "padding" (batch, 1, 1, seq_k), "full_row" (one query sees nothing), "random"."""
+
+    def inputs(gen: torch.Generator) -> dict[str, Any]:
+        q = _randn(gen, batch, heads, seq_q, d_head, dtype=torch.float64)
+        k = _randn(gen, batch, heads, seq_k, d_head, dtype=torch.float64)
+        v = _randn(gen, batch, heads, seq_k, d_head, dtype=torch.float64)
+        if large:  # every score around -5e4: a -1e4 fill would then outweigh the real keys
+            q, k = -q.abs() * 150, k.abs() * 150
+        m = None
+        if mask == "causal":
+            m = torch.ones(seq_q, seq_k, dtype=torch.bool).tril(diagonal=seq_k - seq_q)
+        elif mask == "padding":
+            lengths = torch.randint(1, seq_k + 1, (batch,), generator=gen)
+            lengths[0] = max(1, seq_k // 2)
+            m = (torch.arange(seq_k) < lengths.unsqueeze(1)).reshape(batch, 1, 1, seq_k)
+        elif mask in ("full_row", "random"):
+            m = torch.rand(batch, heads, seq_q, seq_k, generator=gen) < 0.6
+            m[..., 0] |= mask == "random"
+            if mask == "full_row":
+                m[:, :, 1, :] = False
+                m[:, :, 0, 0] = True
+        args = (q.to(dtype), k.to(dtype), v.to(dtype), m)
+        out: dict[str, Any] = {"args": args}
+        if grad:
+            out["grad_args"] = [0, 1, 2]
+            out["cotangent"] = _randn(gen, batch, heads, seq_q, d_head, dtype=dtype)
+        return out
+
+    return inputs
+
+
+def _reference_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
+    """F.scaled_dot_product_attention in float64, with fully masked rows set to zero; and the weights."""
+    q, k, v = q.double(), k.double(), v.double()
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    if mask is None:
+        out = F.scaled_dot_product_attention(q, k, v)
+    else:
+        live = mask.any(dim=-1, keepdim=True)
+        safe = mask | ~live  # sdpa would give NaN on rows with no key; compute them on all keys, then zero them
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe) * live
+    return out, weights
+
+
+def _judge_sdpa(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+    q, k, v, mask = inputs["args"]
+    got = _out(outputs)
+    ref_out, ref_w = _reference_sdpa(q, k, v, mask)
+    tol = _tol(q.dtype)
+    if "grads" in outputs:  # call_with_grad keeps only the output
+        _judge_grads(inputs, outputs, ref_out)
+        return
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        fail("return a tuple (output, weights)")
+    out, weights = got
+    if not isinstance(weights, torch.Tensor) or not isinstance(out, torch.Tensor):
+        fail("return a tuple of two tensors (output, weights)")
+    if tuple(weights.shape) != tuple(ref_w.shape):
+        fail(f"weights have shape {tuple(weights.shape)}, expected (batch, heads, seq_q, seq_k) = {tuple(ref_w.shape)}")
+    if weights.dtype != q.dtype or out.dtype != q.dtype:
+        fail(f"keep the input dtype {q.dtype}; got output {out.dtype} and weights {weights.dtype}")
+    w = weights.double()
+    if not torch.isfinite(w).all():
+        if mask is not None and not mask.any(dim=-1).all():
+            fail("a query whose keys are all masked gives NaN: a -inf fill makes softmax 0/0. Fill with "
+                 "torch.finfo(scores.dtype).min and set the weights of fully masked rows to 0")
+        fail("your weights contain NaN or inf: use your stable softmax and a finite fill value "
+             "(-1e9 overflows to -inf in float16; torch.finfo(dtype).min does not)")
+    live = torch.ones(ref_w.shape[:-1], dtype=torch.bool) if mask is None else mask.expand(ref_w.shape).any(dim=-1)
+    if mask is not None:
+        allowed = mask.expand(ref_w.shape)
+        leaked = (w.abs() > 1e-3) & ~allowed
+        if torch.equal(weights != 0, ~allowed & live.unsqueeze(-1)) or (w * allowed).abs().amax() < 1e-6 < w.abs().amax():
+            fail("your mask has the wrong polarity: True = may attend; fill where the mask is False (~mask)")
+        if leaked.any():
+            if live.all() and torch.allclose(w.sum(-1), torch.ones(()).double(), atol=1e-3):
+                fail("masked keys still get weight: fill the scores where mask is False with a very negative number "
+                     "before softmax. -1e4 is not enough when scores are large; use torch.finfo(dtype).min")
+            fail("masked keys still get weight, or fully masked rows are not zero: fill the scores where "
+                 "mask is False before softmax, and zero the weights of rows with no key left")
+    sums = w.sum(dim=-1)
+    if not torch.allclose(sums[live], torch.ones(()).double(), atol=1e-2):
+        if mask is not None and (w <= ref_w + 1e-6).all():
+            fail("your weights do not sum to 1: apply the mask to the scores BEFORE the softmax, not to the weights after")
+        fail("your weights do not sum to 1 over the keys: softmax over dim=-1 (the keys), not dim=-2")
+    if (w[~live] != 0).any():
+        fail("a query whose keys are all masked must attend to nothing: its weights and output should be 0")
+    d_head = q.shape[-1]
+    for factor, hint in ((math.sqrt(d_head), "the scores are not divided by √d_k: your weights are too peaked"),
+                         (1 / math.sqrt(d_head), "the scores are divided by d_k instead of √d_k: your weights are too flat")):
+        scaled, _ = _reference_sdpa(q * factor, k, v, mask)
+        if q.dtype != torch.float16 and not torch.allclose(ref_out, scaled, atol=1e-4) and torch.allclose(out.double(), scaled, **tol):
+            fail(hint)
+    expect_close(weights, ref_w.to(q.dtype), "weights differ from softmax(q kᵀ / √d_k) with the mask", **tol)
+    expect_close(out, ref_out.to(q.dtype), "output differs from weights @ v", **tol)
+
+
+def _judge_grads(inputs: dict[str, Any], outputs: dict[str, Any], ref_out: torch.Tensor) -> None:
+    q, k, v, mask = inputs["args"]
+    tol = _tol(q.dtype)
+    expect_close(outputs["out"], ref_out.to(q.dtype), "output differs from softmax(q kᵀ / √d_k) v", **tol)
+    qd, kd, vd = (t.double().requires_grad_(True) for t in (q, k, v))
+    ref, _ = _reference_sdpa(qd, kd, vd, mask)
+    (ref * inputs["cotangent"].double()).sum().backward()
+    for name, g, r in zip("qkv", outputs["grads"], (qd.grad, kd.grad, vd.grad)):
+        if g is None or (g.abs().amax() == 0 and r.abs().amax() > 0):
+            fail(f"no gradient reaches {name}: do not detach, use .data, or compute under torch.no_grad() "
+                 "— the model could not learn its projections")
+        expect_close(g, r.to(q.dtype), f"the gradient with respect to {name} is wrong", **tol)
+
+
+def _case(name: str, inputs, judge, probe: str = "call") -> Case:
+    return Case(name=name, inputs=inputs, probe=probe, judge=judge)
+
+
+EXERCISES: dict[str, Exercise] = {
+    "attention_scores": Exercise(
+        name="attention_scores",
+        target="attention_scores",
+        points=2,
+        visible=(
+            _case("q kᵀ / √d_k for (batch=2, seq=3, d_head=8)", _scores_inputs(2, seq_q=3, seq_k=3, d_head=8), _judge_scores),
+        ),
+        hidden=(
+            _case("seq_q != seq_k, with heads", _scores_inputs(2, 3, seq_q=4, seq_k=7, d_head=16), _judge_scores),
+            _case("float64 and d_head = 64", _scores_inputs(1, seq_q=5, seq_k=2, d_head=64, dtype=torch.float64), _judge_scores),
+            _case("no batch axis", _scores_inputs(seq_q=3, seq_k=5, d_head=4), _judge_scores),
+        ),
+        forbidden=(("torch.nn.functional", "scaled_dot_product_attention"),),
+    ),
+    "softmax": Exercise(
+        name="softmax",
+        target="softmax",
+        points=2,
+        visible=(
+            _case("rows of a (4, 5) matrix", _softmax_inputs(4, 5), _judge_softmax),
+        ),
+        hidden=(
+            _case("large logits (around 1000) do not overflow", _softmax_inputs(3, 6, scale=10.0, offset=1000.0), _judge_softmax),
+            _case("rows on very different scales", _softmax_inputs(4, 5, scale=3.0, row_offsets=True), _judge_softmax),
+            _case("dim=0", _softmax_inputs(5, 3, dim=0), _judge_softmax),
+            _case("dim=1 of a 3-d tensor, float64", _softmax_inputs(2, 4, 3, dim=1, dtype=torch.float64), _judge_softmax),
+            _case("float16 logits around 100", _softmax_inputs(2, 8, scale=4.0, offset=100.0, dtype=torch.float16), _judge_softmax),
+        ),
+        forbidden=(("torch", "softmax"), ("torch.nn.functional", "softmax"), ("torch.special", "softmax")),
+    ),
+    "causal_mask": Exercise(
+        name="causal_mask",
+        target="causal_mask",
+        points=2,
+        visible=(
+            _case("causal_mask(4)", _causal_inputs(4), _judge_causal),
+        ),
+        hidden=(
+            _case("square masks of random size", _causal_inputs(), _judge_causal),
+            _case("seq_q < seq_k: aligned to the end (a cache of earlier keys)", _causal_inputs(extra=3), _judge_causal),
+            _case("one new query over 6 keys sees them all", _causal_inputs(1, 6), _judge_causal),
+            _case("causal_mask(5, 5)", _causal_inputs(5, 5), _judge_causal),
+        ),
+    ),
+    "padding_mask": Exercise(
+        name="padding_mask",
+        target="padding_mask",
+        points=1,
+        visible=(
+            _case("pad_id = 0, padding on the right", _padding_inputs(3, 6), _judge_padding),
+        ),
+        hidden=(
+            _case("pad_id = 3, padding on the left", _padding_inputs(4, 7, pad_id=3, left=True), _judge_padding),
+            _case("a row made only of padding", _padding_inputs(3, 5, all_pad_row=True), _judge_padding),
+            _case("int32 tokens, batch of one", _padding_inputs(1, 4, pad_id=1, dtype=torch.int32), _judge_padding),
+        ),
+    ),
+    "scaled_dot_product_attention": Exercise(
+        name="scaled_dot_product_attention",
+        target="scaled_dot_product_attention",
+        points=3,
+        visible=(
+            _case("no mask, against F.scaled_dot_product_attention", _sdpa_inputs(2, 2, 4, 4, 8), _judge_sdpa),
+            _case("causal mask", _sdpa_inputs(1, 2, 5, 5, 8, mask="causal"), _judge_sdpa),
+        ),
+        hidden=(
+            _case("padding mask (batch, 1, 1, seq_k), seq_q != seq_k", _sdpa_inputs(3, 2, 3, 6, 16, mask="padding"), _judge_sdpa),
+            _case("end-aligned causal mask, float64", _sdpa_inputs(2, 1, 3, 5, 4, mask="causal", dtype=torch.float64), _judge_sdpa),
+            _case("a query with every key masked", _sdpa_inputs(2, 2, 4, 5, 8, mask="full_row"), _judge_sdpa),
+            _case("large scores (around -5e4) with a mask", _sdpa_inputs(1, 2, 4, 6, 4, mask="random", large=True), _judge_sdpa),
+            _case("float16 with a causal mask", _sdpa_inputs(1, 2, 4, 4, 8, mask="causal", dtype=torch.float16), _judge_sdpa),
+            _case("gradients flow to q, k and v", _sdpa_inputs(1, 2, 3, 4, 8, mask="causal", grad=True), _judge_sdpa,
+                  probe="call_with_grad"),
+        ),
+        forbidden=(("torch.nn.functional", "scaled_dot_product_attention"), ("torch", "softmax"),
+                   ("torch.nn.functional", "softmax")),
+    ),
+}
+
+
+def run(name: str, obj: Any, *, level: str = "visible", seed: int = 0) -> None:
+    """Check the learner's ``obj`` for exercise ``name``; raises CheckFailed with a hint."""
+    if name not in EXERCISES:
+        raise ValueError(f"name must be one of {sorted(EXERCISES)}; got {name!r}")
+    run_exercise(EXERCISES[name], obj, level=level, seed=seed)
+
+
+__all__ = ["EXERCISES", "CheckFailed", "run"]

@@ -1,0 +1,28 @@
+"""nbgrader configuration of the course (nbgrader 0.9).
+
+`python -m autograder release` loads this file and points ``CourseDirectory.root``
+at a temporary course directory, so nothing but ``course/`` is written in the
+repository. To use plain nbgrader commands (formgrader, the exchange, the
+gradebook) copy this file into your own course directory and copy the chapters
+of ``autograder/source/`` into its ``source/`` folder.
+"""
+
+c = get_config()  # noqa: F821 (provided by traitlets when nbgrader loads this file)
+
+c.CourseDirectory.course_id = "transformer-deep-dive"
+c.CourseDirectory.source_directory = "source"
+c.CourseDirectory.release_directory = "release"
+c.CourseDirectory.submitted_directory = "submitted"
+c.CourseDirectory.autograded_directory = "autograded"
+c.CourseDirectory.feedback_directory = "feedback"
+
+# The stub nbgrader puts in place of `### BEGIN SOLUTION` ... `### END SOLUTION`.
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+# Hidden tests (### BEGIN HIDDEN TESTS ... ### END HIDDEN TESTS) are removed from the
+# release and put back by autograde; nbgrader's default delimiters are used.
+
+# autograde runs each submission top to bottom; a cell gets at most 5 minutes.
+c.Execute.timeout = 300
+c.Execute.interrupt_on_timeout = True
+c.Execute.allow_errors = True
