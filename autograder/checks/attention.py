@@ -86,8 +86,9 @@ def _judge_softmax(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
         if got.dtype != x.dtype:
             fail(f"keep the input dtype: x is {x.dtype}, your output is {got.dtype}")
         if not torch.isfinite(got).all():
-            fail("your softmax gives NaN or inf on large logits: exp overflows. Subtract the max along `dim` "
-                 "(keepdim=True) before exp; the shift cancels in the ratio")
+            fail("your softmax gives NaN or inf: exp overflows on large logits, or a whole slice underflows to 0/0 "
+                 "if you subtract one global max. Subtract the max of each slice along `dim` (keepdim=True) "
+                 "before exp; the shift cancels in the ratio")
         if not torch.allclose(got.double().sum(dim=dim), torch.ones(()).double(), atol=1e-3):
             other = [d for d in range(x.dim()) if d != dim % x.dim()]
             if any(torch.allclose(got.double().sum(dim=d), torch.ones(()).double(), atol=1e-3) for d in other):

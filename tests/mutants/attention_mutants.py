@@ -1,0 +1,187 @@
+"""Planted bugs for chapter 1 (autograder.checks.attention): one real mistake each."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import einsum, rearrange
+
+from mutants import Mutant
+
+
+def _scores(q, k):
+    return einsum(q, k, "... seq_q d_head, ... seq_k d_head -> ... seq_q seq_k") / math.sqrt(q.shape[-1])
+
+
+def _softmax(x, dim=-1):
+    e = (x - x.amax(dim=dim, keepdim=True)).exp()
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+# --- attention_scores ---
+
+
+def scores_no_scaling(q, k):
+    return einsum(q, k, "... seq_q d_head, ... seq_k d_head -> ... seq_q seq_k")
+
+
+def scores_divide_by_d_k(q, k):
+    return einsum(q, k, "... seq_q d_head, ... seq_k d_head -> ... seq_q seq_k") / q.shape[-1]
+
+
+def scores_transposed(q, k):
+    return einsum(q, k, "... seq_q d_head, ... seq_k d_head -> ... seq_k seq_q") / math.sqrt(q.shape[-1])
+
+
+def scores_float32(q, k):
+    return _scores(q.float(), k.float())
+
+
+# --- softmax ---
+
+
+def softmax_no_max_subtraction(x, dim=-1):
+    e = x.exp()
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def softmax_global_max(x, dim=-1):
+    e = (x - x.max()).exp()
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def softmax_ignores_dim(x, dim=-1):
+    return _softmax(x, dim=-1)
+
+
+# --- causal_mask ---
+
+
+def _sizes(seq_q, seq_k):
+    return seq_q, seq_q if seq_k is None else seq_k
+
+
+def causal_without_diagonal(seq_q, seq_k=None, *, device=None):
+    seq_q, seq_k = _sizes(seq_q, seq_k)
+    return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device).tril(diagonal=seq_k - seq_q - 1)
+
+
+def causal_inverted(seq_q, seq_k=None, *, device=None):
+    seq_q, seq_k = _sizes(seq_q, seq_k)
+    return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device).triu(diagonal=seq_k - seq_q + 1)
+
+
+def causal_top_left(seq_q, seq_k=None, *, device=None):
+    seq_q, seq_k = _sizes(seq_q, seq_k)
+    return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device).tril()
+
+
+def causal_float(seq_q, seq_k=None, *, device=None):
+    seq_q, seq_k = _sizes(seq_q, seq_k)
+    return torch.ones(seq_q, seq_k, device=device).tril(diagonal=seq_k - seq_q)
+
+
+# --- padding_mask ---
+
+
+def padding_2d(tokens, pad_id):
+    return tokens != pad_id
+
+
+def padding_inverted(tokens, pad_id):
+    return rearrange(tokens == pad_id, "batch seq_k -> batch 1 1 seq_k")
+
+
+def padding_pad_zero(tokens, pad_id):
+    return rearrange(tokens != 0, "batch seq_k -> batch 1 1 seq_k")
+
+
+def padding_on_queries(tokens, pad_id):
+    return rearrange(tokens != pad_id, "batch seq -> batch 1 seq 1")
+
+
+# --- scaled_dot_product_attention ---
+
+
+def _sdpa(*, scale="sqrt", fill="finfo", zero_dead_rows=True, softmax_dim=-1, after=False, invert=False,
+          detach=False):
+    def sdpa(q, k, v, mask=None):
+        scores = einsum(q, k, "... seq_q d_head, ... seq_k d_head -> ... seq_q seq_k")
+        scores = scores / {"sqrt": math.sqrt(q.shape[-1]), "none": 1.0, "d_k": q.shape[-1]}[scale]
+        keep = None if mask is None else (mask if not invert else ~mask)
+        if keep is not None and not after:
+            value = {"finfo": torch.finfo(scores.dtype).min, "-inf": -math.inf, "-1e4": -1e4, "-1e9": -1e9}[fill]
+            scores = scores.masked_fill(~keep, value)
+        weights = _softmax(scores, dim=softmax_dim)
+        if detach:
+            weights = weights.detach()
+        if keep is not None:
+            if after:
+                weights = weights.masked_fill(~keep, 0.0)
+            elif zero_dead_rows:
+                weights = weights * keep.any(dim=-1, keepdim=True)
+        return einsum(weights, v, "... seq_q seq_k, ... seq_k d_head -> ... seq_q d_head"), weights
+
+    return sdpa
+
+
+MUTANTS: list[Mutant] = [
+    Mutant("scores_no_scaling", "attention_scores",
+           "forgets the 1/√d_k of 'Attention Is All You Need' §3.2.1: the softmax saturates as d_k grows", scores_no_scaling),
+    Mutant("scores_divide_by_d_k", "attention_scores",
+           "divides by d_k instead of √d_k: scores too flat", scores_divide_by_d_k),
+    Mutant("scores_transposed", "attention_scores",
+           "k @ qᵀ instead of q @ kᵀ: rows are keys; invisible while seq_q == seq_k", scores_transposed),
+    Mutant("scores_float32", "attention_scores",
+           "casts to float32: silently loses float64 precision (e.g. in gradient checks)", scores_float32),
+    Mutant("softmax_no_max_subtraction", "softmax",
+           "exp(x) / sum(exp(x)) without subtracting the max: exp overflows to inf for logits above ~88 in "
+           "float32 and the result is NaN", softmax_no_max_subtraction),
+    Mutant("softmax_global_max", "softmax",
+           "subtracts one global max instead of each row's: rows far below it underflow to 0/0", softmax_global_max),
+    Mutant("softmax_ignores_dim", "softmax",
+           "always normalises the last axis, ignoring the dim argument", softmax_ignores_dim),
+    Mutant("causal_without_diagonal", "causal_mask",
+           "tril(diagonal=-1): a token cannot see itself (the first token then sees nothing)", causal_without_diagonal),
+    Mutant("causal_inverted", "causal_mask",
+           "True = masked (the convention of nn.MultiheadAttention's bool attn_mask) where True = may attend "
+           "is expected (F.scaled_dot_product_attention's convention)", causal_inverted),
+    Mutant("causal_top_left", "causal_mask",
+           "aligned to the top-left corner, like is_causal=True of F.scaled_dot_product_attention (PyTorch "
+           "added torch.nn.attention.bias.causal_lower_right for the cache case): wrong when seq_q < seq_k",
+           causal_top_left),
+    Mutant("causal_float", "causal_mask",
+           "a float 0/1 mask: used as an additive mask it adds 0 or 1 to the scores instead of hiding keys", causal_float),
+    Mutant("padding_2d", "padding_mask",
+           "(batch, seq_k) mask: broadcasts against (batch, heads, seq_q, seq_k) onto the wrong axes", padding_2d),
+    Mutant("padding_inverted", "padding_mask",
+           "True on the padding (key_padding_mask convention of nn.MultiheadAttention) instead of on real tokens",
+           padding_inverted),
+    Mutant("padding_pad_zero", "padding_mask", "hard-codes pad id 0 instead of using pad_id", padding_pad_zero),
+    Mutant("padding_on_queries", "padding_mask",
+           "(batch, 1, seq, 1): masks padded queries instead of padded keys", padding_on_queries),
+    Mutant("sdpa_no_scaling", "scaled_dot_product_attention", "no 1/√d_k", _sdpa(scale="none")),
+    Mutant("sdpa_divide_by_d_k", "scaled_dot_product_attention", "divides by d_k", _sdpa(scale="d_k")),
+    Mutant("sdpa_softmax_over_queries", "scaled_dot_product_attention",
+           "softmax over dim=-2 (the queries): columns sum to 1 instead of rows", _sdpa(softmax_dim=-2)),
+    Mutant("sdpa_mask_after_softmax", "scaled_dot_product_attention",
+           "zeroes masked weights after the softmax: rows no longer sum to 1", _sdpa(after=True)),
+    Mutant("sdpa_inverted_mask", "scaled_dot_product_attention",
+           "fills where the mask is True (True read as 'ignore')", _sdpa(invert=True)),
+    Mutant("sdpa_fill_minus_1e4", "scaled_dot_product_attention",
+           "fills masked scores with -1e4 (Hugging Face BERT's extended attention mask used -10000.0 before "
+           "torch.finfo(dtype).min): masked keys leak when the real scores are below about -1e4",
+           _sdpa(fill="-1e4")),
+    Mutant("sdpa_fill_minus_inf", "scaled_dot_product_attention",
+           "fills with -inf: a query whose keys are all masked gets NaN weights (the NaN of "
+           "nn.MultiheadAttention with a fully padded sequence)", _sdpa(fill="-inf", zero_dead_rows=False)),
+    Mutant("sdpa_fill_minus_1e9", "scaled_dot_product_attention",
+           "fills with -1e9: does not fit in float16 (masked_fill raises, a cast gives -inf)", _sdpa(fill="-1e9")),
+    Mutant("sdpa_dead_rows_uniform", "scaled_dot_product_attention",
+           "finite fill but fully masked rows are not zeroed: the query averages values it may not see",
+           _sdpa(zero_dead_rows=False)),
+    Mutant("sdpa_detached_weights", "scaled_dot_product_attention",
+           "weights detached from the graph: no gradient reaches q and k, W_Q and W_K never learn",
+           _sdpa(detach=True)),
+]
