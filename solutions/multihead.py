@@ -136,6 +136,7 @@ class MultiHeadAttention(nn.Module):
         *,
         is_causal: bool = False,
     ) -> Float[Tensor, "batch seq_q d_model"]:
+        """Self-attention over ``x``, or cross-attention to ``context``; ``mask`` is True where a query may attend."""
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (batch, seq, d_model={self.d_model}); got shape {tuple(x.shape)}")
         if context is not None and (
