@@ -6,26 +6,14 @@ Each mutant is a copy of the ``solutions.multihead`` code with one realistic cha
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
 import torch.nn.functional as F
 from einops import rearrange, repeat
 from einops.layers.torch import Rearrange
 
+from mutants import Mutant
 from solutions import multihead as ref
 from solutions.attention import attention
-
-try:
-    from tests.mutants import Mutant
-except ImportError:  # the shared dataclass is not there yet
-
-    @dataclass(frozen=True)
-    class Mutant:
-        name: str
-        exercise: str  # Exercise.name in autograder.checks.<module>
-        description: str  # the real failure mode it models
-        obj: Any  # the buggy function or class
 
 
 # --- split_heads / merge_heads ---
