@@ -68,7 +68,10 @@ class LearnedPositionalEmbedding(nn.Module):
         nn.init.normal_(self.embedding.weight, std=0.02)
 
     def forward(self, x: Float[Tensor, "batch seq d_model"], start_pos: int = 0) -> Float[Tensor, "batch seq d_model"]:
-        """``x`` plus the learned vectors of positions ``start_pos … start_pos + seq - 1``."""
+        """``x`` plus the learned vectors of positions ``start_pos … start_pos + seq - 1``.
+
+        Raises ValueError (naming ``max_len``) when those positions go past ``max_len``.
+        """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (batch, seq, d_model={self.d_model}); got shape {tuple(x.shape)}")
         if not isinstance(start_pos, int) or start_pos < 0:
