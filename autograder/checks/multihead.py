@@ -491,9 +491,9 @@ EXERCISES: dict[str, Exercise] = {
             ),
             Case("dropout on the attention weights", _dropout_inputs, "module_forward_train_and_eval", _judge_dropout),
         ),
+        # Not nn.MultiheadAttention itself: the given from_torch names it.
         forbidden=(
             ("torch.nn.functional", "multi_head_attention_forward"),
-            ("torch.nn.modules.activation", "MultiheadAttention"),
             ("solutions.multihead", "MultiHeadAttention"),
         ),
     ),
