@@ -1,0 +1,30 @@
+"""course/ is exactly what nbgrader generates from autograder/source/ (no hand edits, no drift)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autograder.release import COURSE_DIR, SOURCE_DIR, chapters, differences
+
+
+@pytest.mark.skipif(not chapters(), reason="no chapter in autograder/source")
+def test_course_release_matches_source():
+    problems = differences(COURSE_DIR, SOURCE_DIR)
+    assert not problems, (
+        "course/ differs from a fresh nbgrader release of autograder/source/ — run `make release` "
+        "and commit course/:\n  " + "\n  ".join(problems)
+    )
+
+
+def test_course_release_keeps_start_here_notebook():
+    """The hand-written course/00_start_here.ipynb is not a chapter: release never touches it."""
+    assert "00_start_here" not in chapters()
+
+
+@pytest.mark.skipif(not chapters(), reason="no chapter in autograder/source")
+def test_course_release_has_no_hidden_tests_or_solutions():
+    for name in chapters():
+        text = (COURSE_DIR / name / f"{name}.ipynb").read_text()
+        assert "BEGIN HIDDEN TESTS" not in text, f"{name}: hidden tests leaked into the release"
+        assert "BEGIN SOLUTION" not in text, f"{name}: a solution region leaked into the release"
+        assert 'level=\\"hidden\\"' not in text and "level='hidden'" not in text, f"{name}: hidden checks in the release"
