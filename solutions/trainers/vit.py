@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="AdamW weight decay on matrices only (default: 0.05)")
     parser.add_argument("--warmup-epochs", type=float, default=3.0,
                         help="linear warm-up length before the cosine decay (default: 3)")
+    parser.add_argument("--label-smoothing", type=float, default=0.1,
+                        help="cross-entropy label smoothing (default: 0.1)")
     parser.add_argument("--no-augment", action="store_true", help="turn off random ±1-pixel shifts")
     parser.add_argument("--patch-size", type=int, default=None,
                         help="patch side in pixels (default: 2 for images up to 16 px, else the smallest "
@@ -138,6 +140,8 @@ def build_model(args: argparse.Namespace, in_channels: int, image_size: int, n_c
 
 
 def run(args: argparse.Namespace) -> dict:
+    if not 0.0 <= args.label_smoothing < 1.0:
+        raise ValueError(f"--label-smoothing must be in [0, 1); got {args.label_smoothing}")
     for name in ("epochs", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}")
@@ -150,40 +154,53 @@ def run(args: argparse.Namespace) -> dict:
 
     optimizer = torch.optim.AdamW(parameter_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999))
     steps_per_epoch = math.ceil(len(train_x) / args.batch_size)
-    total = args.epochs * steps_per_epoch
-    warmup = max(1, int(args.warmup_epochs * steps_per_epoch))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup, total))
+    # A mutable schedule: when the time budget cannot hold every epoch, the cosine is shortened to end in time.
+    schedule = {"warmup": max(1, int(args.warmup_epochs * steps_per_epoch)), "total": args.epochs * steps_per_epoch}
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine(step, schedule["warmup"], schedule["total"])
+    )
     generator = torch.Generator().manual_seed(args.seed)
 
     if not args.quiet:
         print(f"{args.model} with {n_params:,} parameters on {source}: "
               f"{len(train_x)} train / {len(test_x)} test images of {in_channels}×{image_size}×{image_size}")
     start = time.perf_counter()
-    epochs_done = 0
-    progress = tqdm(range(args.epochs), desc=f"train {args.model}", disable=args.quiet)
-    for _ in progress:
-        model.train()
+    step, probe = 0, min(50, schedule["total"])
+    progress = tqdm(total=schedule["total"], desc=f"train {args.model}", unit="step", disable=args.quiet)
+    model.train()
+    while step < schedule["total"]:
         order = torch.randperm(len(train_x), generator=generator)
-        total_loss = 0.0
         for i in range(0, len(order), args.batch_size):
             index = order[i:i + args.batch_size]
             images = train_x[index]
             if not args.no_augment:
                 images = random_shift(images, generator)
-            loss = F.cross_entropy(model(images.to(args.device)), train_y[index].to(args.device))
+            loss = F.cross_entropy(model(images.to(args.device)), train_y[index].to(args.device),
+                                   label_smoothing=args.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
-            total_loss += loss.item() * len(index)
-        epochs_done += 1
-        progress.set_postfix(loss=f"{total_loss / len(train_x):.4f}")
-        if args.time_budget and time.perf_counter() - start > args.time_budget:
-            if not args.quiet:
-                print(f"time budget of {args.time_budget:g} s reached after {epochs_done} of {args.epochs} epochs")
-            break
+            step += 1
+            progress.update()
+            if step % 10 == 0:
+                progress.set_postfix(loss=f"{loss.item():.4f}", epoch=f"{step / steps_per_epoch:.1f}")
+            if step == probe and args.time_budget:
+                affordable = int(args.time_budget / ((time.perf_counter() - start) / step))
+                if affordable < schedule["total"]:
+                    schedule["total"] = max(step, affordable)
+                    schedule["warmup"] = min(schedule["warmup"], max(1, schedule["total"] // 10))
+                    progress.total = schedule["total"]
+                    if not args.quiet:
+                        tqdm.write(f"--time-budget {args.time_budget:g} s: training {schedule['total']} of "
+                                   f"{args.epochs * steps_per_epoch} steps ({schedule['total'] / steps_per_epoch:.1f} epochs)")
+            if step >= schedule["total"] or (args.time_budget and time.perf_counter() - start > args.time_budget):
+                schedule["total"] = step
+                break
+    progress.close()
     train_seconds = time.perf_counter() - start
+    epochs_done = round(step / steps_per_epoch, 2)
 
     accuracy = evaluate(model, test_x, test_y, args.device)
     print(f"{args.model} test accuracy: {accuracy:.2%} on {len(test_x)} held-out images "
