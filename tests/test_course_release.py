@@ -27,4 +27,3 @@ def test_course_release_has_no_hidden_tests_or_solutions():
         text = (COURSE_DIR / name / f"{name}.ipynb").read_text()
         assert "BEGIN HIDDEN TESTS" not in text, f"{name}: hidden tests leaked into the release"
         assert "BEGIN SOLUTION" not in text, f"{name}: a solution region leaked into the release"
-        assert 'level=\\"hidden\\"' not in text and "level='hidden'" not in text, f"{name}: hidden checks in the release"
