@@ -6,24 +6,12 @@ Each mutant is a copy of the ``solutions.positional`` code with one realistic ch
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 from einops import rearrange
 
 from solutions import positional as ref
 
-try:
-    from tests.mutants import Mutant
-except ImportError:  # the shared dataclass is not there yet
-
-    @dataclass(frozen=True)
-    class Mutant:
-        name: str
-        exercise: str  # Exercise.name in autograder.checks.<module>
-        description: str  # the real failure mode it models
-        obj: Any  # the buggy function or class
+from mutants import Mutant  # tests/ is on sys.path under pytest
 
 
 # --- sinusoidal_encoding ---
