@@ -87,6 +87,9 @@ def main() -> int:
     os.chdir(limits.get("cwd", os.getcwd()))
     _apply_limits(limits)
 
+    import builtins
+
+    saved_builtins = dict(builtins.__dict__)
     shell = InteractiveShell.instance()
     user_ns = shell.user_ns
     send, read_exact, unpack = _send, _read_exact, struct.unpack
@@ -122,6 +125,7 @@ def main() -> int:
                 os._exit(0)
             send(answer_fd, answer)
         elif op == "probe":
+            builtins.__dict__.update(saved_builtins)  # probes and encode run with the real builtins
             try:
                 if request["target"] not in user_ns:
                     answer = {"ok": False, "type": "Missing", "error": f"{request['target']} is not defined"}
@@ -135,6 +139,8 @@ def main() -> int:
                 sys.stdout.flush()
             except BaseException:  # noqa: BLE001
                 pass
+            if os.getpid() != main_pid:
+                os._exit(0)
             if not isinstance(answer.get("type", ""), str):
                 answer["type"] = "Error"
             send(answer_fd, answer)

@@ -164,13 +164,14 @@ class Runner:
     scratch: Path
     hide: list[Path] = field(default_factory=list)
     level: str = field(default_factory=detect)
+    unprivileged: bool = True  # drop to an unprivileged uid when root (False only for the learner's self-check)
     proc: subprocess.Popen | None = None
     output: bytearray = field(default_factory=bytearray)
     _output_total: int = 0
     _over: bool = False
 
     def _command(self) -> tuple[list[str], dict]:
-        uid = _sandbox_uid()
+        uid = _sandbox_uid() if self.unprivileged else None
         rlimits = {"RLIMIT_AS": self.limits.memory_bytes, "RLIMIT_FSIZE": self.limits.file_bytes,
                    "RLIMIT_NPROC": self.limits.processes, "RLIMIT_CPU": self.limits.cpu_seconds, "RLIMIT_CORE": 0}
         cwd = "/sandbox" if self.level == "bwrap" else str(self.scratch)
@@ -186,7 +187,7 @@ class Runner:
 
     def start(self) -> None:
         self.kill()
-        uid = _sandbox_uid()
+        uid = _sandbox_uid() if self.unprivileged else None
         if uid is not None:
             os.chown(self.scratch, uid, uid)
             for p in self.scratch.iterdir():

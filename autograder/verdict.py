@@ -134,6 +134,31 @@ def _solutions_imports(tree: ast.AST, module: str) -> tuple[set[str], bool]:
     return names, imported
 
 
+def _annotation_nodes(tree: ast.AST) -> set[int]:
+    """ids of every node inside a type annotation (naming a class there is not calling it)."""
+    roots = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.annotation is not None:
+            roots.append(node.annotation)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+            roots.append(node.returns)
+        elif isinstance(node, ast.AnnAssign):
+            roots.append(node.annotation)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
+                "isinstance", "issubclass") and len(node.args) == 2:
+            roots.append(node.args[1])
+    return {id(n) for root in roots for n in ast.walk(root)}
+
+
+def _is_used_as_value(node: ast.AST, tree: ast.AST) -> bool:
+    """Whether ``node`` is called, or bound/returned/passed (so that it can be called later)."""
+    for parent in ast.walk(tree):
+        for child in ast.iter_child_nodes(parent):
+            if child is node:
+                return not isinstance(parent, ast.Attribute)  # `F.softmax` inside `F.softmax.__doc__` etc.
+    return True
+
+
 def flag_reasons(exercise: core.Exercise, cells: list[str], module: str) -> str | None:
     """Why ``exercise`` counts as delegated, or None: static pass over the learner's code cells."""
     trees = [t for t in (_parse(c) for c in cells) if t is not None]
@@ -152,27 +177,33 @@ def flag_reasons(exercise: core.Exercise, cells: list[str], module: str) -> str 
     for tree in trees:
         if not _defines(tree, exercise.target):
             continue
+        ignored = _annotation_nodes(tree)
         for node in ast.walk(tree):
+            if id(node) in ignored:
+                continue
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names, imported = _solutions_imports(ast.Module(body=[node], type_ignores=[]), module)
                 if imported:
                     return f"uses solutions.{module} instead of solving the exercise"
             if isinstance(node, ast.Name) and node.id in bound:
                 return f"uses solutions.{module} ({node.id}) instead of solving the exercise"
-            if isinstance(node, ast.Name) and node.id in forbidden_from:
+            if isinstance(node, ast.Name) and node.id in forbidden_from and _is_used_as_value(node, tree):
                 return f"delegates to {forbidden_from[node.id]}, the function the exercise asks you to write"
-            if isinstance(node, ast.Attribute):
+            if isinstance(node, ast.Attribute) and _is_used_as_value(node, tree):
                 for mod, attr in exercise.forbidden:
                     if node.attr == attr and not mod.startswith("solutions"):
                         return f"delegates to {mod}.{attr}, the function the exercise asks you to write"
                     if mod.startswith("solutions") and node.attr == attr and "solutions" in ast.unparse(node.value):
                         return f"uses {mod}.{attr} instead of solving the exercise"
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                for mod, attr in exercise.forbidden:
-                    if node.value == attr and not mod.startswith("solutions"):
-                        return f"delegates to {mod}.{attr} (by name), the function the exercise asks you to write"
-                if node.value.startswith(f"solutions.{module}") or node.value == "solutions":
-                    return f"uses solutions.{module} instead of solving the exercise"
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
+                    "getattr", "__import__", "import_module", "eval", "exec"):
+                for arg in ast.walk(node):
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                        for mod, attr in exercise.forbidden:
+                            if attr in arg.value and not mod.startswith("solutions"):
+                                return f"delegates to {mod}.{attr} (by name), the function the exercise asks you to write"
+                        if arg.value.startswith("solutions"):
+                            return f"uses solutions.{module} instead of solving the exercise"
     return None
 
 
@@ -216,7 +247,7 @@ def _status_of_error(answer: dict) -> tuple[str, str]:
 
 def grade_notebook(path: Path, chapters: dict[str, Chapter], *, level: str = "hidden",
                    limits: sandbox.Limits = sandbox.Limits(), hide: list[Path] = (),
-                   isolation: str | None = None) -> list[dict]:
+                   isolation: str | None = None, unprivileged: bool = True) -> list[dict]:
     """Rows (exercise, points, max_points, status, reason) for the notebook at ``path``."""
     path = Path(path)
     chapter = chapter_of(path, chapters)
@@ -246,7 +277,7 @@ def grade_notebook(path: Path, chapters: dict[str, Chapter], *, level: str = "hi
     deadline = time.monotonic() + limits.notebook_seconds
     killed: dict[int, tuple[str, str]] = {}
     runner = sandbox.Runner(limits, scratch, hide=list(hide) + sandbox.hidden_paths(chapter.module),
-                            **({"level": isolation} if isolation else {}))
+                            unprivileged=unprivileged, **({"level": isolation} if isolation else {}))
     try:
         shutil.copyfile(path, scratch / path.name)
 

@@ -1,0 +1,44 @@
+"""`python -m autograder check NOTEBOOK`: visible checks in a fresh kernel, per-exercise verdicts and score."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from redteam import build as redteam
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE = REPO / "autograder" / "source"
+
+
+def _check(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autograder", "check", str(path)], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("only, expected", [(None, "10/10"), (set(), "0/10"), ({"softmax", "padding_mask"}, "3/10")])
+def test_selfcheck_visible_score(tmp_path, only, expected):
+    path = tmp_path / f"{redteam.CH1}.ipynb"
+    nbformat.write(redteam.solved(redteam.CH1, SOURCE, only), path)
+    done = _check(path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"visible score: {expected}" in done.stdout
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("✓", "✗"))]
+    assert len(lines) == len(redteam.CH1_POINTS)
+
+
+@pytest.mark.slow
+def test_selfcheck_prints_the_hint_of_a_wrong_answer(tmp_path):
+    nb = redteam.solved(redteam.CH1, SOURCE)
+    redteam.set_cell(nb, "padding_mask_solution", redteam.WRONG_PADDING)
+    path = tmp_path / f"{redteam.CH1}.ipynb"
+    nbformat.write(nb, path)
+    done = _check(path)
+    line = next(line for line in done.stdout.splitlines() if "padding_mask" in line)
+    assert line.startswith("✗ padding_mask: failed") and "polarity" in line
+    assert "visible score: 9/10" in done.stdout
