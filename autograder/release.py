@@ -63,15 +63,15 @@ def make_course_dir(course_root: Path, source_dir: Path = SOURCE_DIR, names: lis
     return names
 
 
-def generate(out_dir: Path, source_dir: Path = SOURCE_DIR) -> list[str]:
-    """Write ``out_dir/NN_name/`` (the nbgrader release) for every chapter of ``source_dir``."""
+def generate(out_dir: Path, source_dir: Path = SOURCE_DIR, names: list[str] | None = None) -> list[str]:
+    """Write ``out_dir/NN_name/`` (the nbgrader release) for every chapter of ``source_dir`` (or ``names``)."""
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
 
     ensure_scripts_on_path()
     with tempfile.TemporaryDirectory(prefix="tdd-nbgrader-") as tmp:
         root = Path(tmp)
-        names = make_course_dir(root, source_dir)
+        names = make_course_dir(root, source_dir, names)
         config = nbgrader_config(root)
         api = NbGraderAPI(CourseDirectory(config=config), config=config)
         for name in names:
@@ -94,11 +94,13 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def differences(course_dir: Path = COURSE_DIR, source_dir: Path = SOURCE_DIR) -> list[str]:
-    """The chapter folders of ``course_dir`` that are not what nbgrader generates now (with the reason)."""
+def differences(course_dir: Path = COURSE_DIR, source_dir: Path = SOURCE_DIR,
+                names: list[str] | None = None) -> list[str]:
+    """The files of ``course_dir`` that are not what nbgrader generates now (with the reason)."""
     problems = []
+    every = names is None
     with tempfile.TemporaryDirectory(prefix="tdd-release-") as tmp:
-        names = generate(Path(tmp), source_dir)
+        names = generate(Path(tmp), source_dir, names)
         for name in names:
             fresh, committed = _files(Path(tmp) / name), _files(course_dir / name) if (course_dir / name).is_dir() else {}
             for path in sorted(set(fresh) | set(committed)):
@@ -108,7 +110,7 @@ def differences(course_dir: Path = COURSE_DIR, source_dir: Path = SOURCE_DIR) ->
                     problems.append(f"{course_dir.name}/{name}/{path}: not generated from the source (stale)")
                 elif fresh[path] != committed[path]:
                     problems.append(f"{course_dir.name}/{name}/{path}: differs from the source")
-    if course_dir.is_dir():
+    if every and course_dir.is_dir():
         for p in sorted(course_dir.iterdir()):
             if p.is_dir() and CHAPTER_NAME.match(p.name) and p.name not in names:
                 problems.append(f"{course_dir.name}/{p.name}: no chapter of that name in {source_dir}")
@@ -122,23 +124,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder of source chapters NN_name/NN_name.ipynb (default: autograder/source)")
     parser.add_argument("--course", type=Path, default=COURSE_DIR,
                         help="where the student release goes (default: course/)")
+    parser.add_argument("--chapter", action="append", metavar="NN_name",
+                        help="only this chapter (repeatable); default: every chapter of --source")
 
 
 def run(args: argparse.Namespace) -> int:
     source, course = Path(args.source), Path(args.course)
-    if not chapters(source):
+    available = chapters(source)
+    if not available:
         print(f"error: no chapter NN_name/NN_name.ipynb found in {source}", file=sys.stderr)
         return 1
+    unknown = sorted(set(args.chapter or ()) - set(available))
+    if unknown:
+        print(f"error: --chapter {', '.join(unknown)} not found in {source}; choose from {', '.join(available)}",
+              file=sys.stderr)
+        return 1
+    names = args.chapter or None
     if args.check:
-        problems = differences(course, source)
+        problems = differences(course, source, names)
         if problems:
             print("course/ is out of date with autograder/source/ — run `make release`:", file=sys.stderr)
             for line in problems:
                 print(f"  {line}", file=sys.stderr)
             return 1
-        print(f"course/ is up to date ({len(chapters(source))} chapters)")
+        print(f"{course.name}/ is up to date ({len(names or available)} chapters)")
         return 0
     course.mkdir(parents=True, exist_ok=True)
-    for name in generate(course, source):
+    for name in generate(course, source, names):
         print(f"released {course.name}/{name}/{name}.ipynb")
     return 0
