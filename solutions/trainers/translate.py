@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import time
 from pathlib import Path
 
@@ -44,13 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--clip-norm", type=float, default=1.0, help="gradient clipping max norm (default: 1.0)")
     g.add_argument("--train-size", type=int, default=20_000,
                    help="generated training pairs of the embedded data set (default: 20000)")
-    g.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: the number of CPU cores)")
+    g.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default: 1; the default model's matrices are too small for more "
+                        "threads to pay off, and one thread stays fast on a busy machine)")
     m = parser.add_argument_group("model")
-    m.add_argument("--d-model", type=int, default=128, help="model width (default: 128)")
+    m.add_argument("--d-model", type=int, default=64, help="model width (default: 64)")
     m.add_argument("--n-heads", type=int, default=4, help="attention heads (default: 4)")
     m.add_argument("--n-layers", type=int, default=2, help="encoder and decoder layers each (default: 2)")
-    m.add_argument("--d-ff", type=int, default=256, help="feed-forward hidden width (default: 256)")
+    m.add_argument("--d-ff", type=int, default=128, help="feed-forward hidden width (default: 128)")
     m.add_argument("--dropout", type=float, default=0.1, help="dropout (default: 0.1)")
     m.add_argument("--norm-first", action="store_true", help="pre-norm layers instead of the paper's post-norm")
 
@@ -123,7 +123,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tup
 
 def run(args: argparse.Namespace) -> dict:
     _check_args(args)
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    torch.set_num_threads(args.threads)
     device = torch.device(args.device) if not isinstance(args.device, torch.device) else args.device
     if args.data is not None:
         data = split_pairs(load_tsv(args.data), seed=args.seed)

@@ -1,0 +1,151 @@
+"""solutions.decoding: greedy against a one-row-at-a-time reference, beam search against exhaustive search."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from solutions.decoding import beam_search, greedy_decode
+from solutions.transformer import Transformer, TransformerConfig
+
+BOS, EOS = 1, 2
+
+
+def random_model(seed: int, vocab: int = 12, eos_bias: float = 1.5) -> Transformer:
+    """A random model whose EOS is likely enough that outputs have varied lengths."""
+    torch.manual_seed(seed)
+    config = TransformerConfig(vocab, vocab, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, max_len=32)
+    model = Transformer(config)
+    with torch.no_grad():
+        model.generator.weight.mul_(4.0)  # sharper distributions, fewer near-ties
+        model.generator.bias[EOS] += eos_bias
+    return model.eval()
+
+
+def random_sources(seed: int, rows: int, vocab: int = 12) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(3, vocab, (rows, 7), generator=gen)
+    lengths = torch.randint(1, 8, (rows,), generator=gen)
+    src[torch.arange(7)[None, :] >= lengths[:, None]] = 0
+    return src
+
+
+def one_row_greedy(model, src_row, max_len):
+    src_row = src_row[src_row != 0][None]
+    out = [BOS]
+    for _ in range(max_len):
+        token = int(model(src_row, torch.tensor([out]))[0, -1].argmax())
+        if token == EOS:
+            break
+        out.append(token)
+    return out[1:]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_decode_matches_one_row_reference(seed):
+    model, src = random_model(seed), random_sources(seed, 12)
+    got = greedy_decode(model, src, 10, BOS, EOS)
+    assert got == [one_row_greedy(model, row, 10) for row in src]
+    assert len({len(g) for g in got}) > 1
+    assert all(EOS not in g for g in got)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_beam_search_with_beam_one_equals_greedy(seed):
+    model, src = random_model(seed), random_sources(100 + seed, 64)
+    greedy = greedy_decode(model, src, 12, BOS, EOS)
+    assert beam_search(model, src, 1, 12, BOS, EOS) == greedy
+    assert len({len(g) for g in greedy}) > 2  # the property is tested on outputs of varied length
+
+
+def sequence_log_prob(model, src_row, tokens):
+    logits = model(src_row[None], torch.tensor([[BOS] + tokens[:-1]]))
+    return float(logits.log_softmax(-1)[0, torch.arange(len(tokens)), torch.tensor(tokens)].sum())
+
+
+def exhaustive_best(model, src_row, vocab, max_len, alpha):
+    """Every hypothesis: ends in EOS within max_len, or max_len tokens without EOS."""
+    candidates = []
+    words = [t for t in range(vocab) if t != EOS]
+    for n in range(0, max_len):
+        for prefix in itertools.product(words, repeat=n):
+            candidates.append(list(prefix) + [EOS])
+    candidates += [list(p) for p in itertools.product(words, repeat=max_len)]
+    scored = [(sequence_log_prob(model, src_row, c) / ((5 + len(c)) / 6) ** alpha, c) for c in candidates]
+    best = max(scored)[1]
+    return best[:-1] if best[-1] == EOS else best
+
+
+@pytest.mark.parametrize("seed, alpha", [(0, 0.0), (1, 0.6), (2, 1.0)])
+def test_beam_search_with_full_beam_is_exhaustive(seed, alpha):
+    vocab, max_len = 5, 3
+    model = random_model(seed, vocab=vocab, eos_bias=0.5)
+    src = random_sources(seed, 3, vocab=vocab)
+    got = beam_search(model, src, vocab**max_len, max_len, BOS, EOS, length_penalty=alpha)
+    assert got == [exhaustive_best(model, row[row != 0], vocab, max_len, alpha) for row in src]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_beam_search_never_scores_worse_than_greedy(seed):
+    """Without length penalty, a wider beam finds a sequence at least as likely as greedy's."""
+    model, src = random_model(seed, eos_bias=2.0), random_sources(seed, 16)
+    greedy = greedy_decode(model, src, 8, BOS, EOS)
+    beam = beam_search(model, src, 4, 8, BOS, EOS, length_penalty=0.0)
+
+    def score(row, out):
+        tokens = out + [EOS] if len(out) < 8 else out
+        return sequence_log_prob(model, row[row != 0], tokens)
+
+    for row, g, b in zip(src, greedy, beam):
+        assert score(row, b) >= score(row, g) - 1e-4
+
+
+def test_decoding_encodes_once_and_restores_training_mode():
+    model, src = random_model(0), random_sources(0, 5)
+    calls = []
+    original = model.encode
+    model.encode = lambda s: (calls.append(s.shape), original(s))[1]  # type: ignore[method-assign]
+    model.train()
+    greedy_decode(model, src, 6, BOS, EOS)
+    beam_search(model, src, 3, 6, BOS, EOS)
+    assert calls == [src.shape, src.shape]
+    assert model.training
+
+
+def test_decoding_stops_at_max_len():
+    model = random_model(0, eos_bias=-100.0)  # never ends by itself
+    src = random_sources(0, 4)
+    assert all(len(out) == 5 for out in greedy_decode(model, src, 5, BOS, EOS))
+    assert all(len(out) == 5 for out in beam_search(model, src, 3, 5, BOS, EOS))
+
+
+@pytest.mark.parametrize("fn", ["greedy", "beam"])
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(max_len=0), "max_len"),
+    (dict(max_len=40), "max_len"),
+    (dict(bos_id=-1), "bos_id"),
+    (dict(eos_id=12), "eos_id"),
+    (dict(src=torch.randn(2, 3)), "src"),
+    (dict(src=torch.ones(3, dtype=torch.long)), "src"),
+    (dict(model=torch.nn.Linear(2, 2)), "model"),
+])
+def test_decoding_rejects_bad_arguments(fn, kwargs, name):
+    args = dict(model=random_model(0), src=random_sources(0, 2), max_len=5, bos_id=BOS, eos_id=EOS)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=name):
+        if fn == "greedy":
+            greedy_decode(**args)
+        else:
+            beam_search(beam_size=2, **args)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(beam_size=0), "beam_size"),
+    (dict(beam_size=2.0), "beam_size"),
+    (dict(beam_size=2, length_penalty=-1.0), "length_penalty"),
+])
+def test_beam_search_rejects_bad_arguments(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        beam_search(random_model(0), random_sources(0, 2), max_len=5, bos_id=BOS, eos_id=EOS, **kwargs)
