@@ -156,13 +156,17 @@ def _judge_learned(inputs: dict, outputs: dict) -> None:
     out = outputs["out"]
     if _matches(out, expected):
         return
-    _diagnose(out, [
+    mistakes = [
+        ("x is returned unchanged: add the position vectors embedding(positions)", x),
         ("start_pos is ignored: the tokens sit at positions start_pos … start_pos + seq - 1, not 0 … seq - 1",
          x + weight[:seq]),
-        ("the positions are off by one: the first token is at position start_pos",
-         x + weight[start_pos + 1 : start_pos + seq + 1] if start_pos + seq + 1 <= weight.shape[0] else x),
-        ("return x PLUS the position vectors, not the position vectors alone", weight[start_pos : start_pos + seq].expand_as(x)),
-    ])
+        ("return x PLUS the position vectors, not the position vectors alone",
+         weight[start_pos : start_pos + seq].expand_as(x)),
+    ]
+    if start_pos + seq + 1 <= weight.shape[0]:
+        mistakes.append(("the positions are off by one: the first token is at position start_pos",
+                         x + weight[start_pos + 1 : start_pos + seq + 1]))
+    _diagnose(out, mistakes)
     expect_close(out, expected, "the output must be x + embedding(positions start_pos … start_pos + seq - 1)")
 
 
