@@ -90,6 +90,7 @@ def test_vit_from_torchvision_same_logits(seed):
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
 
 
+@pytest.mark.slow
 def test_vit_from_torchvision_vit_b16_same_logits():
     torch.manual_seed(0)
     theirs = torchvision.models.vit_b_16(weights=None).eval()
