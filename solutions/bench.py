@@ -7,10 +7,12 @@
 1. Attention: our backends (einsum, sdpa, auto) against ``F.scaled_dot_product_attention``
    and a plain-PyTorch implementation, batch 1, 8 heads, d_head 64, float32, causal and
    not. Repeats are interleaved (one call of each implementation per round) so that a
-   noisy machine slows them all alike; the figure is the median. Peak memory is the
-   growth of the peak resident set (``ru_maxrss``) over one call in a fresh process:
-   CPU tensors are not tracked by ``torch.cuda.max_memory_allocated``, and a new
-   process is the only way to reset the peak.
+   noisy machine slows them all alike; the figure is the median. Peak memory is
+   the peak resident set (``ru_maxrss``) after one call minus the resident set just
+   before it, in a fresh process: CPU tensors are not tracked by
+   ``torch.cuda.max_memory_allocated``, and a new process is the only way to reset
+   the peak. A call that stays below the peak left by importing torch (small
+   sequences) cannot be measured this way and is shown as such.
 2. KV cache: greedy generation with the cache vs recomputing the whole prefix at
    each step, for 128…1024 new tokens, on a fixed model; the cache's bytes for
    MHA, GQA and MQA; and the preallocated cache vs one grown by ``torch.cat``.
@@ -92,17 +94,21 @@ def _memory_case(impl: str, seq: int, causal: bool) -> None:
     fn = _impl(impl, causal)
     with torch.inference_mode():
         fn(q[..., :8, :], k[..., :8, :], v[..., :8, :])  # load kernels before the baseline
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        current = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
         fn(q, k, v)
-        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print((after - before) * 1024)  # ru_maxrss is in KiB on Linux
+        peak_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # The peak only moves if the call went above the peak left by importing torch;
+    # if it did not, the call's memory is unknown (-1) but below that headroom.
+    print(peak_after - current if peak_after > peak_before else -1)
 
 
 def peak_memory(impl: str, seq: int, causal: bool) -> int | None:
     cmd = [sys.executable, "-m", "solutions.bench", "--_memory-case", f"{impl},{seq},{int(causal)}",
            "--threads", str(torch.get_num_threads())]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    return int(proc.stdout.split()[-1]) if proc.returncode == 0 and proc.stdout.strip() else None
+    value = int(proc.stdout.split()[-1]) if proc.returncode == 0 and proc.stdout.strip() else -1
+    return value if value >= 0 else None
 
 
 class CatKVCache(KVCache):
@@ -164,7 +170,7 @@ class Table:
 
 def _fmt_bytes(n: int | None) -> str:
     if n is None:
-        return "n/a"
+        return "below import peak"
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
