@@ -26,7 +26,7 @@ from solutions.vit import VisionTransformer
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
         "--data FILE: an .npz with arrays 'images' (N, C, H, W) or (N, H, W), square, and integer 'labels' (N,) "
-        "in 0..n_classes-1; 20%% of each class is held out for the test accuracy."
+        "in 0..n_classes-1; 20% of each class is held out for the test accuracy."
     )
     parser.add_argument("--dataset", choices=("digits", "mnist", "cifar10"), default="digits",
                         help="digits = the embedded 8×8 UCI digits (default, offline); mnist and cifar10 are "
