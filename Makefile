@@ -19,7 +19,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# binder/jupyter: only the student side of nbgrader (assignment list, validate), as on Binder.
 lab: $(STAMP)
+	JUPYTER_CONFIG_PATH="$(CURDIR)/binder/jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
 	$(VENV)/bin/jupyter lab --notebook-dir=course $(LAB_ARGS)
 
 test: $(STAMP)
