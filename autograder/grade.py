@@ -73,6 +73,9 @@ _CHAPTERS = None
 
 def _init_worker(source: str, release: str) -> None:
     global _CHAPTERS
+    import torch
+
+    torch.set_num_threads(1)  # one core per worker: the judges' threads must not compete with the other jobs
     _CHAPTERS = verdict.load_chapters(Path(source), Path(release))
 
 

@@ -105,6 +105,12 @@ def _sandbox_uid() -> int | None:
     return 200000 + os.getpid() % 100000 if os.geteuid() == 0 else None
 
 
+def _world_traversable(path: Path) -> bool:
+    """Whether every folder down to ``path`` lets other users through (o+x)."""
+    path = Path(path).resolve()
+    return all(os.stat(p).st_mode & 0o001 for p in [path, *path.parents])
+
+
 def _system_dirs() -> list[Path]:
     dirs = [Path(p) for p in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc")]
     dirs += [Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), Path(sys.executable).resolve().parent.parent]
@@ -170,8 +176,16 @@ class Runner:
     _output_total: int = 0
     _over: bool = False
 
+    def _uid(self) -> int | None:
+        """The unprivileged uid the runner drops to; outside bwrap only when it can still read Python there."""
+        if not self.unprivileged:
+            return None
+        if self.level != "bwrap" and not all(_world_traversable(p) for p in (sys.base_prefix, sys.prefix)):
+            return None
+        return _sandbox_uid()
+
     def _command(self) -> tuple[list[str], dict]:
-        uid = _sandbox_uid() if self.unprivileged else None
+        uid = self._uid()
         rlimits = {"RLIMIT_AS": self.limits.memory_bytes, "RLIMIT_FSIZE": self.limits.file_bytes,
                    "RLIMIT_NPROC": self.limits.processes, "RLIMIT_CPU": self.limits.cpu_seconds, "RLIMIT_CORE": 0}
         cwd = "/sandbox" if self.level == "bwrap" else str(self.scratch)
@@ -187,7 +201,7 @@ class Runner:
 
     def start(self) -> None:
         self.kill()
-        uid = _sandbox_uid() if self.unprivileged else None
+        uid = self._uid()
         if uid is not None:
             os.chown(self.scratch, uid, uid)
             for p in self.scratch.iterdir():

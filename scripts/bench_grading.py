@@ -35,10 +35,11 @@ def make_submissions(root: Path, n: int) -> None:
         nbformat.write(redteam.solved(redteam.CH1, SOURCE, kinds[i % len(kinds)]), path)
 
 
-def grade(subs: Path, out: Path, jobs: int) -> float:
+def grade(subs: Path, out: Path, jobs: int, sandbox: str | None = None) -> float:
+    env = {**os.environ, **({"AUTOGRADER_SANDBOX": sandbox} if sandbox else {})}
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(out), "--jobs", str(jobs),
-                    "--gradebook", "none"], check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    "--gradebook", "none"], check=True, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - started
 
 
@@ -76,10 +77,14 @@ def main() -> None:
         print(f"speed-up with {cores} cores: {one / allc:.2f}x (target >= 1.8x on 2 cores)")
         same = (tmp / "one" / "grades.csv").read_text() == (tmp / "all" / "grades.csv").read_text()
         print(f"same grades.csv with 1 and {cores} jobs: {same}")
-        plain = plain_nbgrader(tmp, args.plain)
+        bare = grade(tmp / "subs", tmp / "bare" / "grades.csv", 1, sandbox="none") / args.n
         per = one / args.n
+        print(f"same grader without the sandbox (rlimits only), --jobs 1: {bare:.2f} s per notebook -> "
+              f"sandbox overhead {per - bare:+.2f} s per notebook")
+        plain = plain_nbgrader(tmp, args.plain)
         print(f"plain `nbgrader autograde` (no sandbox, one at a time): {plain:.2f} s per notebook")
-        print(f"sandboxed grader, --jobs 1: {per:.2f} s per notebook -> overhead {per - plain:+.2f} s per notebook")
+        print(f"sandboxed grader, --jobs 1: {per:.2f} s per notebook -> {per - plain:+.2f} s per notebook vs nbgrader "
+              "(nbgrader executes the whole notebook, demos included; the grader skips unchanged demos)")
 
 
 if __name__ == "__main__":
