@@ -58,8 +58,8 @@ def test_bench_quick_prints_table_and_json(tmp_path: Path) -> None:
 
 
 def test_bench_memory_case_child_reports_bytes() -> None:
-    proc = subprocess.run([sys.executable, "-m", "solutions.bench", "--_memory-case", "plain,512,1"],
+    proc = subprocess.run([sys.executable, "-m", "solutions.bench", "--_memory-case", "plain,1024,1"],
                           capture_output=True, text=True, timeout=300, check=True)
-    # The 8×512×512 float32 scores alone are 8 MiB; the plain path holds scores and weights at once.
+    # The 8×1024×1024 float32 scores alone are 32 MiB (well above the peak left by importing torch).
     grown = int(proc.stdout.split()[-1])
-    assert grown >= 8 * 2**20, f"peak RSS grew by {grown} bytes; stdout {proc.stdout!r} stderr {proc.stderr[-500:]!r}"
+    assert grown >= 32 * 2**20, f"peak RSS grew by {grown} bytes; stdout {proc.stdout!r} stderr {proc.stderr[-500:]!r}"
