@@ -74,7 +74,7 @@ def exhaustive_best(model, src_row, vocab, max_len, alpha):
         tokens = torch.tensor(group)
         tgt_in = torch.cat([torch.full((len(group), 1), BOS), tokens[:, :-1]], dim=1)
         log_probs = model(src_row[None].expand(len(group), -1), tgt_in).log_softmax(-1)
-        totals = log_probs.gather(-1, tokens[..., None])[..., 0].sum(-1)
+        totals = log_probs.detach().gather(-1, tokens[..., None])[..., 0].sum(-1)
         scored += [(float(t) / ((5 + length) / 6) ** alpha, c) for t, c in zip(totals, group)]
     best = max(scored)[1]
     return best[:-1] if best[-1] == EOS else best

@@ -12,13 +12,13 @@ from solutions.data.translation import Vocab, load_numbers
 from solutions.train import build_parser, main
 from solutions.trainers.translate import build_model, evaluate, load_checkpoint, save_checkpoint
 
-SMALL = ["--train-size", "4000", "--d-model", "64", "--d-ff", "128", "--n-layers", "2", "--batch-size", "64",
-         "--warmup", "100", "--quiet"]
+SMALL = ["--train-size", "20000", "--d-model", "64", "--d-ff", "128", "--n-layers", "2", "--batch-size", "64",
+         "--warmup", "200", "--quiet"]
 
 
 def untrained_metrics() -> dict:
     torch.manual_seed(0)
-    data = load_numbers(n_train=4000)
+    data = load_numbers(n_train=20000)
     args = argparse.Namespace(d_model=64, n_heads=4, n_layers=2, d_ff=128, dropout=0.1, norm_first=False)
     model = build_model(data, args).eval()
     return evaluate(model, data.test, data.src_vocab, data.tgt_vocab, torch.device("cpu"))
@@ -27,7 +27,7 @@ def untrained_metrics() -> dict:
 @pytest.mark.slow
 def test_train_translate_learns_and_saves(tmp_path):
     metrics_path, out = tmp_path / "metrics.json", tmp_path / "run"
-    metrics = main(["translate", *SMALL, "--steps", "400", "--metrics-json", str(metrics_path), "--out", str(out)])
+    metrics = main(["translate", *SMALL, "--steps", "600", "--metrics-json", str(metrics_path), "--out", str(out)])
     assert set(metrics) == {"exact_match", "bleu"}
     assert json.loads(metrics_path.read_text()) == pytest.approx(metrics)
     before = untrained_metrics()
@@ -36,7 +36,7 @@ def test_train_translate_learns_and_saves(tmp_path):
     assert metrics["bleu"] > before["bleu"] + 40
     # The checkpoint gives back the same model: re-evaluating it reproduces the metrics.
     model, src_vocab, tgt_vocab = load_checkpoint(out / "model.pt")
-    data = load_numbers(n_train=4000)
+    data = load_numbers(n_train=20000)
     assert src_vocab == data.src_vocab and tgt_vocab == data.tgt_vocab
     assert evaluate(model, data.test, src_vocab, tgt_vocab, torch.device("cpu")) == pytest.approx(metrics)
 
