@@ -210,9 +210,17 @@ def attention(
         pattern = "batch kv_heads seq d_head -> batch (kv_heads group) seq d_head"
         k = repeat(k, pattern, group=heads // kv_heads)
         v = repeat(v, pattern, group=heads // kv_heads)
-    if dropout_p == 0.0:
-        return scaled_dot_product_attention(q, k, v, mask)[0]
-    # Dropout goes on the attention weights, never on q, k or v.
-    _, weights = scaled_dot_product_attention(q, k, v, mask)
-    weights = F.dropout(weights, p=dropout_p, training=True)
+    # The maths of scaled_dot_product_attention above, with PyTorch's fused
+    # softmax: one pass over the (seq_q, seq_k) scores instead of five.
+    scores = attention_scores(q, k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        live = mask.any(dim=-1, keepdim=True)
+        if not bool(live.all()):  # fully masked queries attend to nothing
+            weights = weights * live
+    if dropout_p > 0.0:
+        # Dropout goes on the attention weights, never on q, k or v.
+        weights = F.dropout(weights, p=dropout_p, training=True)
     return einsum(weights, v, "... seq_q seq_k, ... seq_k d_head -> ... seq_q d_head")
