@@ -8,7 +8,7 @@
    and a plain-PyTorch implementation, batch 1, 8 heads, d_head 64, float32, causal and
    not. Repeats are interleaved (one call of each implementation per round) so that a
    noisy machine slows them all alike; the figure is the median. Peak memory is
-   the peak resident set (``ru_maxrss``) after one call minus the resident set just
+   the peak resident set (``VmHWM``) after one call minus the resident set just
    before it, in a fresh process: CPU tensors are not tracked by
    ``torch.cuda.max_memory_allocated``, and a new process is the only way to reset
    the peak. A call that stays below the peak left by importing torch (small
@@ -88,16 +88,25 @@ def time_attention(seq: int, causal: bool, repeats: int) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def _vm_hwm() -> int:
+    """Peak resident set of this process image, bytes. Not ``ru_maxrss``: that one is
+    kept across fork and exec, so a child would start from its parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
+
+
 def _memory_case(impl: str, seq: int, causal: bool) -> None:
     """Child process: print how much one call raises the peak RSS, in bytes."""
     q, k, v = _inputs(seq)
     fn = _impl(impl, causal)
     with torch.inference_mode():
         fn(q[..., :8, :], k[..., :8, :], v[..., :8, :])  # load kernels before the baseline
-        peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        peak_before = _vm_hwm()
         current = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
         fn(q, k, v)
-        peak_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak_after = _vm_hwm()
     # The peak only moves if the call went above the peak left by importing torch;
     # if it did not, the call's memory is unknown (-1) but below that headroom.
     print(peak_after - current if peak_after > peak_before else -1)
