@@ -29,9 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = "--data FILE: any UTF-8 text file (optionally .gz); characters are the tokens."
     g = parser.add_argument_group("training (stops at --steps or --time-budget, whichever comes first)")
     g.add_argument("--steps", type=int, default=700, help="optimizer steps (default: 700)")
-    g.add_argument("--time-budget", type=float, default=170.0,
+    g.add_argument("--time-budget", type=float, default=160.0,
                    help="stop training after this many seconds; the learning-rate schedule follows whichever of "
-                        "steps or time runs out first (default: 170)")
+                        "steps or time runs out first (default: 160)")
     g.add_argument("--batch-size", type=int, default=32, help="sequences per step (default: 32)")
     g.add_argument("--block-size", type=int, default=128, help="context length in characters while training; "
                    "also the model's max_len (default: 128)")
