@@ -28,30 +28,30 @@ from solutions.gpt import GPT, GPTConfig, generate
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = "--data FILE: any UTF-8 text file (optionally .gz); characters are the tokens."
     g = parser.add_argument_group("training (stops at --steps or --time-budget, whichever comes first)")
-    g.add_argument("--steps", type=int, default=700, help="optimizer steps (default: 700)")
+    g.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: 1000)")
     g.add_argument("--time-budget", type=float, default=160.0,
                    help="stop training after this many seconds; the learning-rate schedule follows whichever of "
                         "steps or time runs out first (default: 160)")
-    g.add_argument("--batch-size", type=int, default=32, help="sequences per step (default: 32)")
-    g.add_argument("--block-size", type=int, default=128, help="context length in characters while training; "
-                   "also the model's max_len (default: 128)")
-    g.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default: 3e-3)")
+    g.add_argument("--batch-size", type=int, default=48, help="sequences per step (default: 48)")
+    g.add_argument("--block-size", type=int, default=96, help="context length in characters while training; "
+                   "also the model's max_len (default: 96)")
+    g.add_argument("--lr", type=float, default=4e-3, help="peak learning rate (default: 4e-3)")
     g.add_argument("--warmup", type=int, default=50, help="linear warmup steps (default: 50)")
     g.add_argument("--weight-decay", type=float, default=0.1,
                    help="AdamW weight decay on weight matrices only (default: 0.1)")
     m = parser.add_argument_group("model")
-    m.add_argument("--d-model", type=int, default=128, help="width of the residual stream (default: 128)")
+    m.add_argument("--d-model", type=int, default=96, help="width of the residual stream (default: 96)")
     m.add_argument("--n-heads", type=int, default=4, help="query heads (default: 4)")
     m.add_argument("--n-kv-heads", type=int, default=None,
                    help="key/value heads: fewer than --n-heads = GQA, 1 = MQA (default: = --n-heads)")
-    m.add_argument("--n-layers", type=int, default=4, help="decoder blocks (default: 4)")
+    m.add_argument("--n-layers", type=int, default=3, help="decoder blocks (default: 3)")
     m.add_argument("--dropout", type=float, default=0.0, help="dropout (default: 0.0; the model underfits)")
     s = parser.add_argument_group("evaluation and samples")
     s.add_argument("--val-fraction", type=float, default=0.1, help="held-out tail of the text (default: 0.1)")
     s.add_argument("--eval-chars", type=int, default=40_000,
                    help="characters of the held-out text scored for val_loss (default: 40000; 0 = all)")
-    s.add_argument("--sample-tokens", type=int, default=120,
-                   help="characters per printed sample, at most --block-size minus the 1-character prompt (default: 120)")
+    s.add_argument("--sample-tokens", type=int, default=90,
+                   help="characters per printed sample, at most --block-size minus the 1-character prompt (default: 90)")
     s.add_argument("--samples", type=int, default=2, help="number of printed samples (default: 2; 0 = none)")
     s.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default: 0.8)")
     s.add_argument("--top-k", type=int, default=None, help="sample from the k most likely characters only")
