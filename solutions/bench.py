@@ -6,7 +6,7 @@
 
 1. Attention: our backends (einsum, sdpa, auto) against ``F.scaled_dot_product_attention``
    and a plain-PyTorch implementation, batch 1, 8 heads, d_head 64, float32, causal and
-   not. Repeats are interleaved (one call of each implementation per round) so that a
+   not. Repeats are interleaved (one call of each implementation per round, in a shuffled order) so that a
    noisy machine slows them all alike; the figure is the median. Peak memory is
    the peak resident set (``VmHWM``) after one call minus the resident set just
    before it, in a fresh process: CPU tensors are not tracked by
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import resource
 import statistics
 import subprocess
@@ -80,8 +81,10 @@ def time_attention(seq: int, causal: bool, repeats: int) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in IMPLS}
     for fn in fns.values():
         fn(q, k, v)  # warm-up
+    order = random.Random(seq)
     for _ in range(repeats):
-        for name, fn in fns.items():
+        # A fixed order biases the call after the largest one (allocator, caches): shuffle it.
+        for name, fn in order.sample(list(fns.items()), len(fns)):
             start = time.perf_counter()
             fn(q, k, v)
             times[name].append(time.perf_counter() - start)
