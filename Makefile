@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 LAB_ARGS ?=
+# Jupyter refuses to start as root (containers, CI) unless told to.
+ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 PYTEST_ARGS ?=
 STAMP := $(VENV)/.installed
 
@@ -12,7 +14,6 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.10 or newer is needed; got " + sys.version.split()[0]) if sys.version_info < (3, 10) else None'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --upgrade --quiet pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	$(VENV)/bin/jupyter labextension list >/dev/null 2>&1 || true
 	@touch $(STAMP)
@@ -22,7 +23,7 @@ install: $(STAMP)
 # binder/jupyter: only the student side of nbgrader (assignment list, validate), as on Binder.
 lab: $(STAMP)
 	JUPYTER_CONFIG_PATH="$(CURDIR)/binder/jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
-	$(VENV)/bin/jupyter lab --notebook-dir=course $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --notebook-dir=course $(ROOT_ARGS) $(LAB_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
