@@ -189,6 +189,20 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.out_proj(rearrange(out, "batch heads seq d_head -> batch seq (heads d_head)")))
 
 
+class MLP(nn.Module):
+    """Position-wise feed-forward: ``down(gelu(up(x)))``, then dropout."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.up = nn.Linear(config.d_model, config.hidden)
+        self.act = nn.GELU()
+        self.down = nn.Linear(config.hidden, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Float[Tensor, "batch seq d_model"]) -> Float[Tensor, "batch seq d_model"]:
+        return self.dropout(self.down(self.act(self.up(x))))
+
+
 class Block(nn.Module):
     """Pre-norm decoder block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
 
@@ -197,12 +211,7 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(config.d_model)
         self.attn = CausalSelfAttention(config)
         self.norm2 = nn.LayerNorm(config.d_model)
-        self.mlp = nn.Sequential(
-            nn.Linear(config.d_model, config.hidden),
-            nn.GELU(),
-            nn.Linear(config.hidden, config.d_model),
-            nn.Dropout(config.dropout),
-        )
+        self.mlp = MLP(config)
 
     def forward(
         self, x: Float[Tensor, "batch seq d_model"], cache: KVCache | None = None, layer: int = 0
@@ -227,10 +236,11 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.d_model, config.vocab, bias=False)
         self.lm_head.weight = self.token_embedding.weight  # weight tying: one matrix reads and writes tokens
         self.apply(self._init_weights)
-        # GPT-2: scale the projections that write into the residual stream by 1/√(2·layers).
-        for block in self.blocks:
-            for linear in (block.attn.out_proj, block.mlp[2]):
-                nn.init.normal_(linear.weight, std=0.02 / math.sqrt(2 * config.n_layers))
+        # GPT-2: scale the projections that write into the residual stream by 1/√(2·layers),
+        # picked by name (attn.out_proj, mlp.down) so that reordering a block cannot pick the wrong one.
+        for name, param in self.named_parameters():
+            if name.endswith(("attn.out_proj.weight", "mlp.down.weight")):
+                nn.init.normal_(param, std=0.02 / math.sqrt(2 * config.n_layers))
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
