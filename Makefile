@@ -9,7 +9,7 @@ ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 PYTEST_ARGS ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test install release bench clean-venv
+.PHONY: lab test check install release bench clean-venv
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.10 or newer is needed; got " + sys.version.split()[0]) if sys.version_info < (3, 10) else None'
@@ -27,6 +27,10 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The inner loop: library, registry, checks and mutants; no notebooks, browser, sandbox or training.
+check: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not browser and not sandbox" --ignore-glob='tests/test_train_*' $(PYTEST_ARGS)
 
 # Regenerate the student release course/ from autograder/source/ (nbgrader generate_assignment).
 release: $(STAMP)

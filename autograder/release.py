@@ -19,6 +19,8 @@ from pathlib import Path
 
 import nbformat
 
+from autograder import registry
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_DIR = PACKAGE_DIR / "source"
 COURSE_DIR = PACKAGE_DIR.parent / "course"
@@ -27,13 +29,17 @@ CHAPTER_NAME = re.compile(r"^\d\d_[a-z0-9_]+$")
 
 
 def chapters(source_dir: Path = SOURCE_DIR) -> list[str]:
-    """The chapter folders ``NN_name`` of ``source_dir`` that hold ``NN_name.ipynb``, in order."""
-    if not source_dir.is_dir():
-        return []
-    return sorted(
-        p.name for p in source_dir.iterdir()
-        if p.is_dir() and CHAPTER_NAME.match(p.name) and (p / f"{p.name}.ipynb").is_file()
-    )
+    """The registry's chapters whose source notebook is in ``source_dir``, in course order."""
+    return [c.id for c in registry.CHAPTERS if c.source_path(source_dir).is_file()]
+
+
+def metadata_problems(source_dir: Path = SOURCE_DIR, names: list[str] | None = None) -> list[str]:
+    """Where the source notebooks' nbgrader cells disagree with the registry (names, points, order)."""
+    problems = []
+    for name in chapters(source_dir) if names is None else names:
+        nb = nbformat.read(registry.get(name).source_path(source_dir), as_version=4)
+        problems += [f"{name}: {p}" for p in registry.notebook_problems(registry.get(name), nb)]
+    return problems
 
 
 def nbgrader_config(course_root: Path):
@@ -140,6 +146,13 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     names = args.chapter or None
+    mismatch = metadata_problems(source, names)
+    if mismatch:
+        print("error: the source notebooks disagree with autograder/registry.py (fix the notebook or the registry):",
+              file=sys.stderr)
+        for line in mismatch:
+            print(f"  {line}", file=sys.stderr)
+        return 1
     if args.check:
         problems = differences(course, source, names)
         if problems:

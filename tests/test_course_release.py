@@ -7,6 +7,7 @@ import pytest
 from autograder.release import COURSE_DIR, SOURCE_DIR, chapters, differences
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not chapters(), reason="no chapter in autograder/source")
 def test_course_release_matches_source():
     problems = differences(COURSE_DIR, SOURCE_DIR)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "course" / "00_start_here.ipynb"
@@ -14,6 +15,7 @@ def _text(cell) -> str:
     return "".join(o.get("text", "") + "".join(str(v) for v in o.get("data", {}).values()) for o in cell.outputs)
 
 
+@pytest.mark.slow
 def test_start_here_runs_without_error(tmp_path):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from autograder.checks.core import Case, CheckFailed, Exercise, expect_close, fail, run_exercise
+from autograder.checks import core
+from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
 
 
 def _randn(gen: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> torch.Tensor:
@@ -308,11 +309,9 @@ def _case(name: str, inputs, judge, probe: str = "call") -> Case:
     return Case(name=name, inputs=inputs, probe=probe, judge=judge)
 
 
-EXERCISES: dict[str, Exercise] = {
-    "attention_scores": Exercise(
+CHECKS: dict[str, Check] = {
+    "attention_scores": Check(
         name="attention_scores",
-        target="attention_scores",
-        points=2,
         visible=(
             _case("q kᵀ / √d_k for (batch=2, seq=3, d_head=8)", _scores_inputs(2, seq_q=3, seq_k=3, d_head=8), _judge_scores),
         ),
@@ -321,12 +320,10 @@ EXERCISES: dict[str, Exercise] = {
             _case("float64 and d_head = 64", _scores_inputs(1, seq_q=5, seq_k=2, d_head=64, dtype=torch.float64), _judge_scores),
             _case("no batch axis", _scores_inputs(seq_q=3, seq_k=5, d_head=4), _judge_scores),
         ),
-        forbidden=(("torch.nn.functional", "scaled_dot_product_attention"),),
+        forbidden=("*scaled_dot_product*",),
     ),
-    "softmax": Exercise(
+    "softmax": Check(
         name="softmax",
-        target="softmax",
-        points=2,
         visible=(
             _case("rows of a (4, 5) matrix", _softmax_inputs(4, 5), _judge_softmax),
         ),
@@ -337,12 +334,10 @@ EXERCISES: dict[str, Exercise] = {
             _case("dim=1 of a 3-d tensor, float64", _softmax_inputs(2, 4, 3, dim=1, dtype=torch.float64), _judge_softmax),
             _case("float16 logits around 100", _softmax_inputs(2, 8, scale=4.0, offset=100.0, dtype=torch.float16), _judge_softmax),
         ),
-        forbidden=(("torch", "softmax"), ("torch.nn.functional", "softmax"), ("torch.special", "softmax")),
+        forbidden=("*softmax*", "softmin"),
     ),
-    "causal_mask": Exercise(
+    "causal_mask": Check(
         name="causal_mask",
-        target="causal_mask",
-        points=2,
         visible=(
             _case("causal_mask(4)", _causal_inputs(4), _judge_causal),
         ),
@@ -353,10 +348,8 @@ EXERCISES: dict[str, Exercise] = {
             _case("causal_mask(5, 5)", _causal_inputs(5, 5), _judge_causal),
         ),
     ),
-    "padding_mask": Exercise(
+    "padding_mask": Check(
         name="padding_mask",
-        target="padding_mask",
-        points=1,
         visible=(
             _case("pad_id = 0, padding on the right", _padding_inputs(3, 6), _judge_padding),
         ),
@@ -366,10 +359,8 @@ EXERCISES: dict[str, Exercise] = {
             _case("int32 tokens, batch of one", _padding_inputs(1, 4, pad_id=1, dtype=torch.int32), _judge_padding),
         ),
     ),
-    "scaled_dot_product_attention": Exercise(
+    "scaled_dot_product_attention": Check(
         name="scaled_dot_product_attention",
-        target="scaled_dot_product_attention",
-        points=3,
         visible=(
             _case("no mask, against F.scaled_dot_product_attention", _sdpa_inputs(2, 2, 4, 4, 8), _judge_sdpa),
             _case("causal mask", _sdpa_inputs(1, 2, 5, 5, 8, mask="causal"), _judge_sdpa),
@@ -386,17 +377,14 @@ EXERCISES: dict[str, Exercise] = {
             _case("gradients flow to q, k and v", _sdpa_inputs(1, 2, 3, 4, 8, mask="causal", grad=True), _judge_sdpa,
                   probe="call_with_grad"),
         ),
-        forbidden=(("torch.nn.functional", "scaled_dot_product_attention"), ("torch", "softmax"),
-                   ("torch.nn.functional", "softmax")),
+        forbidden=("*scaled_dot_product*", "*softmax*", "softmin"),
     ),
 }
 
 
 def run(name: str, obj: Any, *, level: str = "visible", seed: int = 0) -> None:
-    """Check the learner's ``obj`` for exercise ``name``; raises CheckFailed with a hint."""
-    if name not in EXERCISES:
-        raise ValueError(f"name must be one of {sorted(EXERCISES)}; got {name!r}")
-    run_exercise(EXERCISES[name], obj, level=level, seed=seed)
+    """Check the learner's ``obj`` for exercise ``name``; raises CheckFailed with a hint when wrong."""
+    core.run(__name__, name, obj, level=level, seed=seed)
 
 
-__all__ = ["EXERCISES", "CheckFailed", "run"]
+__all__ = ["CHECKS", "CheckFailed", "run"]

@@ -1,7 +1,7 @@
 """The check protocol: every check is written once and used in four places.
 
-A check is an :class:`Exercise` made of :class:`Case` s. Each case has three parts
-that may run in different processes:
+A :class:`Check` (one per exercise, in ``autograder/checks/<module>.py``'s ``CHECKS``)
+is made of :class:`Case` s. Each case has three parts that may run in different processes:
 
 * ``inputs(gen)`` — *verdict side*: builds the inputs from a seeded generator.
 * ``probe`` — *student side*: the name of a function in :mod:`autograder.checks.probes`
@@ -10,27 +10,38 @@ that may run in different processes:
 * ``judge(inputs, outputs)`` — *verdict side*: compares with the reference and
   with properties; raises :class:`CheckFailed` with a hint naming the likely mistake.
 
-In a notebook (visible tests, nbgrader hidden tests) and in pytest (reference
-and mutants), :func:`run_exercise` runs all three in one process. The batch
-grader runs ``inputs`` and ``judge`` in a process where no student code ever ran,
-sends the inputs to the student's kernel with :func:`encode`, runs only the probe
-there, and reads the outputs back with :func:`decode` — plain JSON and raw
-bytes, never pickle.
+:func:`judge_check` is the one case-and-seed loop. The notebook checks (visible
+test cells, nbgrader's hidden tests) and pytest run the probe in-process
+(:func:`local_probe`); the batch grader runs it in the sandboxed kernel and hands the
+loop a probe that talks to it. Either way the probe goes through
+:func:`autograder.checks.probes.execute` (the no-delegation guard, the same encoding),
+so a notebook, ``nbgrader autograde`` and ``autograder grade`` reach the same verdict.
+Which exercises exist and what they are worth is not said here but in
+:mod:`autograder.registry`.
 """
 
 from __future__ import annotations
 
-import base64
-import json
+import importlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
+
+from autograder import status, wire
 
 
 class CheckFailed(AssertionError):
     """A check failed; the message is the hint shown to the learner."""
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows these lines instead of a traceback; nbgrader still records the cell as failed.
+        return [f"\x1b[31m✗ {self}\x1b[0m"]
+
+
+class NotDone(CheckFailed):
+    """The exercise still raises NotImplementedError (or is not defined yet)."""
 
 
 @dataclass(frozen=True)
@@ -42,17 +53,51 @@ class Case:
 
 
 @dataclass(frozen=True)
-class Exercise:
-    name: str  # the exercise id, also the nbgrader grade id prefix ("softmax")
-    target: str  # the notebook global that is graded ("softmax", "MultiHeadAttention")
-    points: int
+class Check:
+    name: str  # the exercise name, as in the registry ("softmax")
     visible: tuple[Case, ...]
     hidden: tuple[Case, ...] = ()
-    # Calling one of these (module path, attribute) while the learner's code
-    # runs means the exercise was delegated, not solved: e.g. ("torch.nn.functional",
-    # "scaled_dot_product_attention"). "solutions" modules are always forbidden
-    # for the exercise's own chapter.
-    forbidden: tuple[tuple[str, str], ...] = field(default=())
+    # PyTorch functions and operators the learner's code may not call for this exercise
+    # (fnmatch patterns of their names, e.g. "*softmax*"), because calling them is
+    # delegating the exercise; the chapter's own library modules are always forbidden.
+    forbidden: tuple[str, ...] = field(default=())
+
+    def cases(self, level: str) -> tuple[Case, ...]:
+        if level not in ("visible", "hidden"):
+            raise ValueError(f"level must be 'visible' or 'hidden'; got {level!r}")
+        return self.visible if level == "visible" else self.visible + self.hidden
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # one of autograder.status.STATUSES
+    reason: str = ""  # the hint, or why the code was stopped; "" when passed
+
+    @property
+    def passed(self) -> bool:
+        return self.status == status.PASSED
+
+
+class ProbeError(Exception):
+    """The probe gave no outputs: the learner's code raised, or was stopped. ``status`` says which."""
+
+    def __init__(self, status_: str, message: str):
+        super().__init__(message)
+        self.status = status_
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    outputs: dict[str, Any]
+    inputs_after: Any  # the inputs as they were after the call
+    violation: str | None = None
+
+
+Probe = Callable[[Case, dict[str, Any]], ProbeResult]
+
+NOT_DONE = "not done yet: replace `raise NotImplementedError()` with your code"
+_KIND_STATUS = {"not_implemented": status.MISSING, "memory": status.MEMORY, "raised": status.ERROR,
+                "unsendable": status.ERROR, "missing": status.MISSING}
 
 
 def fail(message: str) -> None:
@@ -76,107 +121,135 @@ def expect_close(actual: Any, expected: torch.Tensor, hint: str, *, atol: float 
         fail(f"{hint} (largest difference {diff:.3g})")
 
 
-def seeds_for(level: str, seed: int) -> list[int]:
-    return [seed] if level == "visible" else [seed, seed + 1, seed + 2]
+# --- the answer of a probe, from whichever process ran it -------------------------
 
 
-def run_case(case: Case, obj: Any, seed: int) -> None:
-    """Run one case in this process: inputs, probe, judge."""
+def result_from_answer(answer: Any) -> ProbeResult:
+    """Read :func:`probes.execute`'s answer strictly; ProbeError when the probe gave no outputs."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
+        raise ProbeError(status.ERROR, "the kernel sent an answer the grader cannot read")
+    violation = answer.get("violation")
+    violation = violation if isinstance(violation, str) and violation else None
+    if violation:
+        raise ProbeError(status.FLAGGED, f"not accepted: your code {violation}")
+    if not answer["ok"]:
+        kind = answer.get("kind")
+        error = answer.get("error") if isinstance(answer.get("error"), str) else ""
+        found = _KIND_STATUS.get(kind, status.ERROR) if isinstance(kind, str) else status.ERROR
+        if kind == "not_implemented":
+            raise ProbeError(found, NOT_DONE)
+        if kind == "missing":
+            raise ProbeError(found, error or "not defined: run the cell that defines it")
+        if kind == "memory":
+            raise ProbeError(found, "ran out of memory")
+        if kind == "unsendable":
+            raise ProbeError(found, f"your output cannot be checked: {error}")
+        raise ProbeError(found, f"your code raised {error}")
+    try:
+        outputs = wire.decode_value(answer.get("outputs"))
+        inputs_after = wire.decode_value(answer.get("inputs_after"))
+    except wire.ProtocolError as err:
+        raise ProbeError(status.ERROR, f"unreadable outputs ({err})") from None
+    if not isinstance(outputs, dict):
+        raise ProbeError(status.ERROR, "unreadable outputs (the probe did not return a dict)")
+    return ProbeResult(outputs, inputs_after)
+
+
+def local_probe(obj: Any, forbidden: tuple[str, ...] = (), answer_files: tuple[str, ...] = ()) -> Probe:
+    """A probe that calls ``obj`` in this process, through the same code as the grader's kernel."""
     from autograder.checks import probes
 
-    gen = torch.Generator().manual_seed(seed)
-    inputs = case.inputs(gen)
-    outputs = getattr(probes, case.probe)(obj, decode(encode(inputs)))
-    case.judge(inputs, outputs)
+    def call(case: Case, inputs: dict[str, Any]) -> ProbeResult:
+        return result_from_answer(probes.execute(obj, case.probe, wire.encode_value(inputs), forbidden, answer_files))
+
+    return call
 
 
-def run_exercise(exercise: Exercise, obj: Any, *, level: str = "visible", seed: int = 0, quiet: bool = False) -> None:
-    """Check ``obj`` (the learner's function or class); raise CheckFailed on the first failing case.
+# --- the one case-and-seed loop ---------------------------------------------------
 
-    ``level="visible"`` runs the visible cases with one seed; ``"hidden"`` runs the
-    visible and hidden cases with several seeds.
-    """
-    if level not in ("visible", "hidden"):
-        raise ValueError(f"level must be 'visible' or 'hidden'; got {level!r}")
-    cases = exercise.visible if level == "visible" else exercise.visible + exercise.hidden
-    for case in cases:
-        for s in seeds_for(level, seed):
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of ``t`` (so that NaN equals NaN and -0.0 differs from 0.0)."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def changed_inputs(before: Any, after: Any, path: str = "") -> list[str]:
+    """Where ``after`` differs from ``before`` (names like ``args[0]``, ``kwargs['x']``)."""
+    if isinstance(before, torch.Tensor):
+        same = (isinstance(after, torch.Tensor) and after.dtype == before.dtype and after.shape == before.shape
+                and torch.equal(_bits(after), _bits(before)))
+        return [] if same else [path or "the input"]
+    if isinstance(before, dict):
+        if not isinstance(after, dict):
+            return [path or "the input"]
+        return [p for k in before for p in changed_inputs(before[k], after.get(k), f"{path}[{k!r}]" if path else k)]
+    if isinstance(before, (list, tuple)):
+        if not isinstance(after, (list, tuple)) or len(after) != len(before):
+            return [path or "the input"]
+        return [p for i, (b, a) in enumerate(zip(before, after)) for p in changed_inputs(b, a, f"{path}[{i}]")]
+    return [] if before == after or (before != before and after != after) else [path or "the input"]
+
+
+def _argument_name(path: str) -> str:
+    """``args[0]`` -> "argument 1", ``kwargs['mask']`` -> "argument `mask`", else the path."""
+    if path.startswith("args[") and path[5:].split("]")[0].isdigit():
+        return f"argument {int(path[5:].split(']')[0]) + 1}"
+    if path.startswith("kwargs[") and "]" in path:
+        return f"argument `{path[7:].split(']')[0].strip(chr(39))}`"
+    return path
+
+
+def judge_check(check: Check, probe: Probe, seeds: Callable[[Case], Iterable[int]], *,
+                level: str = "visible") -> Verdict:
+    """Run every case of ``check`` (at ``level``) for every seed ``seeds(case)`` gives; the first failure decides."""
+    for case in check.cases(level):
+        for seed in seeds(case):
+            inputs = case.inputs(torch.Generator().manual_seed(seed))
             try:
-                run_case(case, obj, s)
+                result = probe(case, inputs)
+            except ProbeError as err:
+                return Verdict(err.status, f"{case.name}: {err}")
+            changed = changed_inputs(inputs, result.inputs_after)
+            if changed:
+                where = ", ".join(_argument_name(p) for p in changed[:3])
+                return Verdict(status.FAILED, f"{case.name}: your code changed its input ({where}) in place — the "
+                                              "caller's tensor is corrupted. Use out-of-place operations "
+                                              "(x = x * s, not x.mul_(s) or x *= s) or work on a copy")
+            try:
+                case.judge(inputs, result.outputs)
             except CheckFailed as err:
-                raise CheckFailed(f"{exercise.name}: {case.name}: {err}") from None
-            except NotImplementedError:
-                raise
-            except Exception as err:  # the learner's code raised: report it as a failure with its type
-                raise CheckFailed(f"{exercise.name}: {case.name}: your code raised {type(err).__name__}: {err}") from err
+                return Verdict(status.FAILED, f"{case.name}: {err}")
+            except Exception as err:  # noqa: BLE001 — outputs the judge cannot read are a wrong answer
+                return Verdict(status.FAILED,
+                               f"{case.name}: your output could not be checked ({type(err).__name__}: {err})"[:400])
+    return Verdict(status.PASSED)
+
+
+def notebook_seeds(level: str, seed: int) -> Callable[[Case], list[int]]:
+    """Seeds of a notebook check: one for the visible cases, three for the hidden ones."""
+    return lambda case: [seed] if level == "visible" else [seed, seed + 1, seed + 2]
+
+
+def run(checks_module: str, name: str, obj: Any, *, level: str = "visible", seed: int = 0, quiet: bool = False) -> None:
+    """Check the learner's ``obj`` for exercise ``name`` of ``checks_module`` in this process.
+
+    Raises :class:`NotDone` or :class:`CheckFailed` (one line in the notebook) unless every
+    case passes; prints a ✓ line when it does. The exercise's forbidden names and the
+    chapter's answer modules are enforced exactly as the batch grader does.
+    """
+    from autograder import registry
+
+    checks = importlib.import_module(checks_module).CHECKS
+    if name not in checks:
+        raise ValueError(f"name must be one of {sorted(checks)}; got {name!r}")
+    chapter = registry.chapter_of_checks(checks_module)
+    check = checks[name]
+    verdict = judge_check(check, local_probe(obj, check.forbidden, chapter.answer_files()),
+                          notebook_seeds(level, seed), level=level)
+    if verdict.status == status.MISSING:
+        raise NotDone(f"{name}: {verdict.reason}")
+    if not verdict.passed:
+        raise CheckFailed(f"{name}: {verdict.reason}")
     if not quiet:
-        print(f"✓ {exercise.name}: all {len(cases)} {level} checks passed")
+        print(f"✓ {name}: all {len(check.cases(level))} {level} checks passed")
 
-
-# --- safe transport between processes: JSON + raw tensor bytes, no pickle ---
-
-_DTYPES = {str(t).removeprefix("torch."): t for t in (
-    torch.float64, torch.float32, torch.float16, torch.bfloat16,
-    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
-)}
-
-
-def _to_json(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach().cpu().contiguous()
-        name = str(t.dtype).removeprefix("torch.")
-        if name not in _DTYPES:
-            raise TypeError(f"cannot send tensors of dtype {t.dtype}")
-        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        return {"__tensor__": name, "shape": list(t.shape), "data": base64.b64encode(raw).decode("ascii")}
-    if obj is None or isinstance(obj, (bool, int, str)):
-        return obj
-    if isinstance(obj, float):
-        return {"__float__": repr(obj)}  # keeps nan and inf
-    if isinstance(obj, (list, tuple)):
-        return {"__list__": [_to_json(x) for x in obj], "tuple": isinstance(obj, tuple)}
-    if isinstance(obj, dict):
-        if not all(isinstance(k, str) for k in obj):
-            raise TypeError("only dicts with str keys can be sent")
-        return {"__dict__": {k: _to_json(v) for k, v in obj.items()}}
-    raise TypeError(f"cannot send a {type(obj).__name__}")
-
-
-def _from_json(obj: Any) -> Any:
-    if obj is None or isinstance(obj, (bool, int, str)):
-        return obj
-    if not isinstance(obj, dict):
-        raise ValueError("malformed payload")
-    if "__tensor__" in obj:
-        dtype = _DTYPES.get(obj["__tensor__"])
-        shape = obj["shape"]
-        if dtype is None or not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
-            raise ValueError("malformed tensor in payload")
-        raw = bytearray(base64.b64decode(obj["data"], validate=True))
-        count = math.prod(shape)
-        if len(raw) != count * torch.empty((), dtype=dtype).element_size():
-            raise ValueError("tensor data does not match its shape and dtype")
-        if count == 0:
-            return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape).clone()
-    if "__float__" in obj:
-        return float(obj["__float__"])
-    if "__list__" in obj:
-        items = [_from_json(x) for x in obj["__list__"]]
-        return tuple(items) if obj.get("tuple") else items
-    if "__dict__" in obj:
-        return {str(k): _from_json(v) for k, v in obj["__dict__"].items()}
-    raise ValueError("malformed payload")
-
-
-def encode(obj: Any) -> str:
-    """A JSON string for tensors, numbers, strings, None, lists, tuples and str-keyed dicts."""
-    return json.dumps(_to_json(obj))
-
-
-def decode(text: str | bytes) -> Any:
-    """The inverse of :func:`encode`; raises ValueError on anything malformed. Never unpickles."""
-    try:
-        return _from_json(json.loads(text))
-    except (json.JSONDecodeError, TypeError, KeyError, base64.binascii.Error) as err:
-        raise ValueError(f"malformed payload: {err}") from None

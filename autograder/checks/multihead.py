@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from autograder.checks.core import Case, CheckFailed, Exercise, expect_close, fail, run_exercise
+from autograder.checks import core
+from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
 from solutions import multihead as reference
 
 
@@ -427,31 +428,23 @@ def _judge_repeat_bad(inputs: dict, outputs: dict) -> None:
     _expect_value_error(outputs, "n_heads", f"n_heads={n_heads} is not a multiple of the {x.shape[1]} K/V heads")
 
 
-EXERCISES: dict[str, Exercise] = {
-    "split_heads": Exercise(
+CHECKS: dict[str, Check] = {
+    "split_heads": Check(
         name="split_heads",
-        target="split_heads",
-        points=1,
         visible=(Case("split (batch, seq, heads·d_head) into heads", _split_inputs, "call", _judge_split),),
         hidden=(
             Case("one head, or one feature per head", lambda g: _split_inputs(g, (1, 1), (1, 1)), "call", _judge_split),
             Case("larger sizes", lambda g: _split_inputs(g, (6, 12), (4, 8)), "call", _judge_split),
             Case("d_model not divisible by n_heads", _split_not_divisible_inputs, "call_or_error", _judge_split_not_divisible),
         ),
-        forbidden=(("solutions.multihead", "split_heads"),),
     ),
-    "merge_heads": Exercise(
+    "merge_heads": Check(
         name="merge_heads",
-        target="merge_heads",
-        points=1,
         visible=(Case("merge heads back to (batch, seq, d_model)", _merge_inputs, "call", _judge_merge),),
         hidden=(Case("merge_heads inverts split_heads", _merge_inputs, "call", _judge_merge_roundtrip),),
-        forbidden=(("solutions.multihead", "merge_heads"),),
     ),
-    "MultiHeadAttention": Exercise(
+    "MultiHeadAttention": Check(
         name="MultiHeadAttention",
-        target="MultiHeadAttention",
-        points=3,
         visible=(
             Case(
                 "self-attention equals nn.MultiheadAttention with the same weights",
@@ -491,16 +484,11 @@ EXERCISES: dict[str, Exercise] = {
             ),
             Case("dropout on the attention weights", _dropout_inputs, "module_forward_train_and_eval", _judge_dropout),
         ),
-        # Not nn.MultiheadAttention itself: the given from_torch names it.
-        forbidden=(
-            ("torch.nn.functional", "multi_head_attention_forward"),
-            ("solutions.multihead", "MultiHeadAttention"),
-        ),
+        # nn.MultiheadAttention's own forward (the given from_torch only reads its weights).
+        forbidden=("multi_head_attention_forward", "_native_multi_head_attention"),
     ),
-    "attention_parameter_count": Exercise(
+    "attention_parameter_count": Check(
         name="attention_parameter_count",
-        target="attention_parameter_count",
-        points=1,
         visible=(Case("count of multi-head attention", _count_inputs, "call", _judge_count),),
         hidden=(
             Case("without biases", lambda g: _count_inputs(g, bias=False), "call", _judge_count),
@@ -508,28 +496,22 @@ EXERCISES: dict[str, Exercise] = {
             Case("real model sizes", lambda g: _count_inputs(g, big=True, gqa=True), "call", _judge_count),
             Case("d_model not divisible by n_heads", _count_bad_inputs, "call_or_error", _judge_count_bad),
         ),
-        forbidden=(("solutions.multihead", "attention_parameter_count"),),
     ),
-    "repeat_kv_heads": Exercise(
+    "repeat_kv_heads": Check(
         name="repeat_kv_heads",
-        target="repeat_kv_heads",
-        points=2,
         visible=(Case("groups of query heads share a K/V head", _repeat_inputs, "call", _judge_repeat),),
         hidden=(
             Case("multi-query: one K/V head", lambda g: _repeat_inputs(g, kv_heads=1, group=4), "call", _judge_repeat),
             Case("as many K/V heads as query heads", lambda g: _repeat_inputs(g, group=1), "call", _judge_repeat),
             Case("n_heads not a multiple of the K/V heads", _repeat_bad_inputs, "call_or_error", _judge_repeat_bad),
         ),
-        forbidden=(("solutions.multihead", "repeat_kv_heads"),),
     ),
 }
 
 
 def run(name: str, obj: Any, *, level: str = "visible", seed: int = 0) -> None:
     """Check the learner's ``obj`` for exercise ``name``; raises CheckFailed with a hint when wrong."""
-    if name not in EXERCISES:
-        raise ValueError(f"name must be one of {list(EXERCISES)}; got {name!r}")
-    run_exercise(EXERCISES[name], obj, level=level, seed=seed)
+    core.run(__name__, name, obj, level=level, seed=seed)
 
 
-__all__ = ["EXERCISES", "run", "CheckFailed"]
+__all__ = ["CHECKS", "run", "CheckFailed"]

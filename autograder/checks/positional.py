@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from autograder.checks.core import Case, CheckFailed, Exercise, expect_close, fail, run_exercise
+from autograder.checks import core
+from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
 from solutions import positional as ref
 
 
@@ -330,11 +331,9 @@ def _judge_bias(inputs: dict, outputs: dict) -> None:
                  "(if your alibi_slopes fails its check, fix it first)", atol=1e-6)
 
 
-EXERCISES: dict[str, Exercise] = {
-    "sinusoidal_encoding": Exercise(
+CHECKS: dict[str, Check] = {
+    "sinusoidal_encoding": Check(
         name="sinusoidal_encoding",
-        target="sinusoidal_encoding",
-        points=2,
         visible=(
             Case("position 0 is 0, 1, 0, 1, …", _sinusoid_inputs((2, 6), (4, 8)), "call", _judge_sinusoid_first_row),
             Case("matches the formula", _sinusoid_inputs((4, 12), (4, 16)), "call", _judge_sinusoid),
@@ -345,10 +344,8 @@ EXERCISES: dict[str, Exercise] = {
             Case("PE(p + k) is a rotation of PE(p)", _sinusoid_shift_inputs, "call", _judge_sinusoid_shift),
         ),
     ),
-    "LearnedPositionalEmbedding": Exercise(
+    "LearnedPositionalEmbedding": Check(
         name="LearnedPositionalEmbedding",
-        target="LearnedPositionalEmbedding",
-        points=2,
         visible=(
             Case("start_pos = 0", _learned_inputs("zero"), "module_forward_or_error", _judge_learned),
             Case("start_pos > 0", _learned_inputs("inside"), "module_forward_or_error", _judge_learned),
@@ -364,10 +361,8 @@ EXERCISES: dict[str, Exercise] = {
                  _judge_learned),
         ),
     ),
-    "apply_rope": Exercise(
+    "apply_rope": Check(
         name="apply_rope",
-        target="apply_rope",
-        points=3,
         visible=(
             Case("rotates pairs (start_pos = 0)", _rope_inputs(start=False), "call", _judge_rope),
             Case("start_pos > 0", _rope_inputs(start=True), "call", _judge_rope),
@@ -379,10 +374,8 @@ EXERCISES: dict[str, Exercise] = {
             Case("score depends only on m - n", _rope_relative_inputs, "rope_scores", _judge_rope_relative),
         ),
     ),
-    "alibi_slopes": Exercise(
+    "alibi_slopes": Check(
         name="alibi_slopes",
-        target="alibi_slopes",
-        points=1,
         visible=(
             Case("8 heads: 1/2, 1/4, …, 1/256", _slopes_inputs((8,)), "call", _judge_slopes),
             Case("powers of two", _slopes_inputs((1, 2, 4, 16, 32)), "call", _judge_slopes),
@@ -393,10 +386,8 @@ EXERCISES: dict[str, Exercise] = {
             Case("more non-powers of two", _slopes_inputs((9, 10, 11, 13, 14, 15, 17, 30)), "call", _judge_slopes),
         ),
     ),
-    "alibi_bias": Exercise(
+    "alibi_bias": Check(
         name="alibi_bias",
-        target="alibi_bias",
-        points=2,
         visible=(
             Case("square, power-of-two heads", _bias_inputs(square=True), "call", _judge_bias),
         ),
@@ -411,10 +402,8 @@ EXERCISES: dict[str, Exercise] = {
 
 
 def run(name: str, obj: Any, *, level: str = "visible", seed: int = 0) -> None:
-    """Check the learner's ``obj`` for exercise ``name``; raises CheckFailed with a hint on the first failure."""
-    if name not in EXERCISES:
-        raise ValueError(f"unknown exercise {name!r}; pick one of {sorted(EXERCISES)}")
-    run_exercise(EXERCISES[name], obj, level=level, seed=seed)
+    """Check the learner's ``obj`` for exercise ``name``; raises CheckFailed with a hint when wrong."""
+    core.run(__name__, name, obj, level=level, seed=seed)
 
 
-__all__ = ["EXERCISES", "run", "CheckFailed"]
+__all__ = ["CHECKS", "run", "CheckFailed"]

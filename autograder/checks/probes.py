@@ -3,7 +3,13 @@
 These run inside the learner's kernel, so they import nothing from ``solutions``
 and decide nothing: verdicts are the judges' job (see :mod:`autograder.checks.core`).
 Every probe has the signature ``probe(obj, inputs: dict) -> dict`` of plain data
-(tensors, numbers, strings, None, lists, dicts) that :func:`core.encode` can send.
+(tensors, numbers, strings, None, lists, dicts) that :func:`wire.encode_value` can send.
+
+:func:`execute` is the one entry point, used both by the batch grader's kernel
+(:mod:`autograder.runner`) and in-process by the notebook checks: it decodes the
+inputs, calls the probe under the no-delegation :class:`~autograder.checks.guard.Guard`,
+and answers with the encoded outputs and the inputs as they are *after* the call (so
+that the verdict side can see a function that changed its inputs in place).
 """
 
 from __future__ import annotations
@@ -11,6 +17,55 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from autograder import wire
+from autograder.checks.guard import Forbidden, Guard
+
+
+def execute(obj: Any, probe: str, inputs: str, forbidden: tuple[str, ...] = (),
+            answer_files: tuple[str, ...] = ()) -> dict:
+    """Run probe ``probe`` on ``obj`` with the encoded ``inputs``; the answer message (never raises).
+
+    ``{"ok": True, "outputs": str, "inputs_after": str, "violation": str | None}`` or
+    ``{"ok": False, "kind": "not_implemented" | "memory" | "raised" | "unsendable",
+    "error": str, "violation": str | None}``. The kind is decided here by identity with
+    the real exception classes, never from a class name.
+    """
+    function = _PROBES.get(probe)
+    if function is None:
+        return {"ok": False, "kind": "raised", "error": f"unknown probe {probe!r}", "violation": None}
+    guard = Guard(forbidden, answer_files)
+    try:
+        args = wire.decode_value(inputs)
+        with guard:
+            outputs = function(obj, args)
+    except Forbidden:
+        return {"ok": False, "kind": "raised", "error": "", "violation": guard.violation}
+    except NotImplementedError:
+        return {"ok": False, "kind": "not_implemented", "error": "", "violation": guard.violation}
+    except MemoryError:
+        return {"ok": False, "kind": "memory", "error": "MemoryError", "violation": guard.violation}
+    except RecursionError as err:
+        return {"ok": False, "kind": "raised", "error": f"RecursionError: {str(err)[:300]}", "violation": guard.violation}
+    except RuntimeError as err:  # PyTorch's CPU allocator reports running out of memory as a RuntimeError
+        kind = "memory" if "DefaultCPUAllocator: can't allocate memory" in _message(err) else "raised"
+        return {"ok": False, "kind": kind, "error": f"{type(err).__name__}: {_message(err)}",
+                "violation": guard.violation}
+    except Exception as err:  # noqa: BLE001 — the learner's exception is reported to the verdict side
+        return {"ok": False, "kind": "raised", "error": f"{type(err).__name__}: {_message(err)}",
+                "violation": guard.violation}
+    try:
+        return {"ok": True, "outputs": wire.encode_value(outputs), "inputs_after": wire.encode_value(args),
+                "violation": guard.violation}
+    except (TypeError, ValueError, RecursionError) as err:
+        return {"ok": False, "kind": "unsendable", "error": str(err)[:300], "violation": guard.violation}
+
+
+def _message(err: BaseException) -> str:
+    try:
+        return str(err)[:300]
+    except Exception:  # noqa: BLE001 — a hostile __str__
+        return "(no message)"
 
 
 def call(obj: Any, inputs: dict) -> dict:
@@ -105,3 +160,8 @@ def module_forward_train_and_eval(obj: Any, inputs: dict) -> dict:
         with torch.no_grad():
             outputs[mode] = module(*inputs.get("args", ()), **inputs.get("kwargs", {}))
     return outputs
+
+
+_PROBES = {name: value for name, value in dict(globals()).items()
+           if callable(value) and not name.startswith("_") and name not in ("execute", "Forbidden", "Guard", "Any")
+           and getattr(value, "__module__", None) == __name__}

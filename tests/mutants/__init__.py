@@ -23,9 +23,11 @@ class Mutant:
     obj: Any  # the buggy function or class, handed to the check in place of the learner's
 
 
-def checks_module_of(mutants_module: str) -> str:
-    """``attention_mutants`` -> ``autograder.checks.attention``."""
-    return "autograder.checks." + mutants_module.removesuffix("_mutants")
+def chapter_of(mutants_module: str):
+    """``attention_mutants`` -> the registry chapter whose checks module is ``autograder.checks.attention``."""
+    from autograder import registry
+
+    return registry.chapter_of_checks("autograder.checks." + mutants_module.removesuffix("_mutants"))
 
 
 def load_all() -> dict[str, list[Mutant]]:

@@ -1,0 +1,212 @@
+"""The chapter registry: the one place that says what a chapter is and what each exercise is worth.
+
+Everything else reads it — the release, the batch grader (which notebook is which
+chapter, the points, the answers hidden in the sandbox and forbidden to the learner's
+code), the notebook checks (the same forbidden answers), the gradebook, the drift,
+mutant and reference tests, and the README's chapter table (checked by a test).
+
+A chapter is:
+
+* its id ``NN_name``: the source notebook ``autograder/source/NN_name/NN_name.ipynb``
+  and its release ``course/NN_name/NN_name.ipynb``;
+* its checks module (``autograder.checks.<name>``, whose ``CHECKS`` holds one
+  :class:`autograder.checks.core.Check` per exercise);
+* the library modules that hold its answers: hidden from the learner's code in the
+  sandbox, and calling them from an exercise is delegation (a chapter may span several:
+  chapter 4 = transformer, schedule, losses, decoding);
+* its exercises in notebook order, each with its points and the library object it is
+  checked against, written ``module:attribute``. The attribute is also the name the
+  learner defines in the notebook; the notebook's cells are ``<name>_solution`` and
+  ``<name>_tests``.
+
+To add a chapter, follow ``docs/adding_a_chapter.md``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+SOURCE_DIR = PACKAGE_DIR / "source"
+COURSE_DIR = PACKAGE_DIR.parent / "course"
+
+
+@dataclass(frozen=True)
+class Exercise:
+    name: str  # the exercise id: nbgrader grade ids <name>_solution / <name>_tests, the key in CHECKS
+    points: int  # what it is worth, in nbgrader and in `autograder grade`
+    reference: str  # "module:attribute" of the library object that answers it
+
+    @property
+    def module(self) -> str:
+        return self.reference.split(":")[0]
+
+    @property
+    def target(self) -> str:
+        """The name the learner defines in the notebook (the reference's attribute)."""
+        return self.reference.split(":")[1]
+
+    def load_reference(self) -> Any:
+        return getattr(importlib.import_module(self.module), self.target)
+
+
+@dataclass(frozen=True)
+class Chapter:
+    id: str  # "01_attention_by_hand": the folder and notebook name
+    title: str  # "Attention by hand"
+    checks: str  # the checks module, "autograder.checks.attention"
+    answers: tuple[str, ...]  # library modules holding the answers, e.g. ("solutions.attention",)
+    exercises: tuple[Exercise, ...]  # in notebook order
+
+    @property
+    def number(self) -> int:
+        return int(self.id[:2])
+
+    @property
+    def points(self) -> int:
+        return sum(ex.points for ex in self.exercises)
+
+    @property
+    def notebook(self) -> str:
+        return f"{self.id}.ipynb"
+
+    def source_path(self, source_dir: Path = SOURCE_DIR) -> Path:
+        return Path(source_dir) / self.id / self.notebook
+
+    def release_path(self, course_dir: Path = COURSE_DIR) -> Path:
+        return Path(course_dir) / self.id / self.notebook
+
+    def exercise(self, name: str) -> Exercise:
+        for ex in self.exercises:
+            if ex.name == name:
+                return ex
+        raise ValueError(f"chapter {self.id} has no exercise {name!r}; it has {[e.name for e in self.exercises]}")
+
+    def load_checks(self) -> dict:
+        """The checks module's ``CHECKS``: exercise name -> :class:`~autograder.checks.core.Check`."""
+        return importlib.import_module(self.checks).CHECKS
+
+    def answer_files(self) -> tuple[str, ...]:
+        """The source files of the answer modules (found without importing them)."""
+        files = []
+        for module in self.answers:
+            spec = importlib.util.find_spec(module)
+            if spec is not None and spec.origin:
+                files.append(str(Path(spec.origin).resolve()))
+        return tuple(files)
+
+    def checks_file(self) -> str | None:
+        spec = importlib.util.find_spec(self.checks)
+        return str(Path(spec.origin).resolve()) if spec is not None and spec.origin else None
+
+
+CHAPTERS: tuple[Chapter, ...] = (
+    Chapter(
+        id="01_attention_by_hand",
+        title="Attention by hand",
+        checks="autograder.checks.attention",
+        answers=("solutions.attention",),
+        exercises=(
+            Exercise("attention_scores", 2, "solutions.attention:attention_scores"),
+            Exercise("softmax", 2, "solutions.attention:softmax"),
+            Exercise("causal_mask", 2, "solutions.attention:causal_mask"),
+            Exercise("padding_mask", 1, "solutions.attention:padding_mask"),
+            Exercise("scaled_dot_product_attention", 3, "solutions.attention:scaled_dot_product_attention"),
+        ),
+    ),
+    Chapter(
+        id="02_multi_head_attention",
+        title="Multi-head attention",
+        checks="autograder.checks.multihead",
+        answers=("solutions.multihead",),
+        exercises=(
+            Exercise("split_heads", 1, "solutions.multihead:split_heads"),
+            Exercise("merge_heads", 1, "solutions.multihead:merge_heads"),
+            Exercise("MultiHeadAttention", 3, "solutions.multihead:MultiHeadAttention"),
+            Exercise("attention_parameter_count", 1, "solutions.multihead:attention_parameter_count"),
+            Exercise("repeat_kv_heads", 2, "solutions.multihead:repeat_kv_heads"),
+        ),
+    ),
+    Chapter(
+        id="03_positional_encodings",
+        title="Positional encodings",
+        checks="autograder.checks.positional",
+        answers=("solutions.positional",),
+        exercises=(
+            Exercise("sinusoidal_encoding", 2, "solutions.positional:sinusoidal_encoding"),
+            Exercise("LearnedPositionalEmbedding", 2, "solutions.positional:LearnedPositionalEmbedding"),
+            Exercise("apply_rope", 3, "solutions.positional:apply_rope"),
+            Exercise("alibi_slopes", 2, "solutions.positional:alibi_slopes"),
+            Exercise("alibi_bias", 2, "solutions.positional:alibi_bias"),
+        ),
+    ),
+)
+
+
+def notebook_problems(chapter: Chapter, nb) -> list[str]:
+    """How a (source or release) notebook's nbgrader cells disagree with ``chapter``; [] when they agree.
+
+    Every exercise needs a ``<name>_solution`` cell and a graded ``<name>_tests`` cell worth
+    its points, in the registry's order, and no other graded cell.
+    """
+    problems, tests_order = [], []
+    grade_ids = {}
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        grade_id = meta.get("grade_id", "")
+        if meta.get("grade") and not meta.get("solution"):
+            tests_order.append(grade_id.removesuffix("_tests"))
+            grade_ids[grade_id] = meta.get("points")
+        elif meta.get("solution"):
+            grade_ids[grade_id] = None
+    for ex in chapter.exercises:
+        if f"{ex.name}_solution" not in grade_ids:
+            problems.append(f"no solution cell {ex.name}_solution")
+        if f"{ex.name}_tests" not in grade_ids:
+            problems.append(f"no graded test cell {ex.name}_tests")
+        elif grade_ids[f"{ex.name}_tests"] != ex.points:
+            problems.append(f"{ex.name}_tests is worth {grade_ids[f'{ex.name}_tests']} points in the notebook "
+                            f"and {ex.points} in the registry")
+    names = [ex.name for ex in chapter.exercises]
+    extra = [t for t in tests_order if t not in names]
+    if extra:
+        problems.append(f"graded cells not in the registry: {', '.join(extra)}")
+    if not extra and tests_order != names and sorted(tests_order) == sorted(names):
+        problems.append(f"exercises in the order {tests_order}, registry order {names}")
+    return problems
+
+
+def get(chapter_id: str) -> Chapter:
+    """The chapter with this id; ValueError listing the ids otherwise."""
+    for chapter in CHAPTERS:
+        if chapter.id == chapter_id:
+            return chapter
+    raise ValueError(f"no chapter {chapter_id!r}; the chapters are {', '.join(c.id for c in CHAPTERS)}")
+
+
+def ids() -> list[str]:
+    return [c.id for c in CHAPTERS]
+
+
+def by_notebook_name(name: str) -> Chapter | None:
+    """The chapter whose notebook is called ``name`` (``01_attention_by_hand.ipynb``), or None."""
+    for chapter in CHAPTERS:
+        if chapter.notebook == name:
+            return chapter
+    return None
+
+
+def chapter_of_checks(checks_module: str) -> Chapter:
+    for chapter in CHAPTERS:
+        if chapter.checks == checks_module:
+            return chapter
+    raise ValueError(f"no chapter uses the checks module {checks_module!r}; add it to autograder/registry.py")
+
+
+def answer_modules() -> dict[str, str]:
+    """Every answer module -> the id of the chapter it belongs to (each belongs to exactly one)."""
+    return {module: c.id for c in CHAPTERS for module in c.answers}

@@ -1,0 +1,151 @@
+"""The wire protocol between the grader and the learner's kernel: one module, one size cap.
+
+A message is an 8-byte big-endian length followed by that many bytes of UTF-8 JSON
+holding one object. Values inside (check inputs, probe outputs) are encoded with
+:func:`encode_value`: plain JSON plus tensors as raw bytes, never pickle. Everything
+that comes from the learner's process is untrusted: :func:`parse` and
+:func:`decode_value` accept only what they expect (sizes, types, nesting depth) and
+raise :class:`ProtocolError` otherwise.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import struct
+from typing import Any
+
+import torch
+
+MAX_MESSAGE = 64 * 2**20  # bytes of one message, either way
+MAX_DEPTH = 32  # nesting of lists/dicts inside a value
+HEADER = struct.Struct(">Q")
+
+
+class ProtocolError(ValueError):
+    """A message or value that is not what the protocol allows (size, type, shape, depth)."""
+
+
+# --- framing -------------------------------------------------------------------------
+
+
+def pack(message: dict) -> bytes:
+    """The bytes on the wire for ``message``; ProtocolError when it is larger than the cap."""
+    data = json.dumps(message).encode("utf-8")
+    if len(data) > MAX_MESSAGE:
+        raise ProtocolError(f"a message of {len(data)} bytes is larger than the {MAX_MESSAGE}-byte limit")
+    return HEADER.pack(len(data)) + data
+
+
+def body_size(header: bytes) -> int:
+    """The body length announced by an 8-byte header; ProtocolError past the cap."""
+    (size,) = HEADER.unpack(header)
+    if size > MAX_MESSAGE:
+        raise ProtocolError(f"announced a message of {size} bytes, more than the {MAX_MESSAGE}-byte limit")
+    return size
+
+
+def parse(body: bytes) -> dict:
+    """The JSON object in ``body``; ProtocolError for anything else."""
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+        raise ProtocolError(f"not a JSON message ({type(err).__name__})") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("a message must be a JSON object")
+    return message
+
+
+# --- values: tensors, numbers, strings, None, lists, tuples, str-keyed dicts ----------
+
+_DTYPES = {str(t).removeprefix("torch."): t for t in (
+    torch.float64, torch.float32, torch.float16, torch.bfloat16,
+    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+)}
+
+
+def _to_json(obj: Any, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise TypeError(f"values nested deeper than {MAX_DEPTH} levels cannot be sent")
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        name = str(t.dtype).removeprefix("torch.")
+        if name not in _DTYPES:
+            raise TypeError(f"cannot send tensors of dtype {t.dtype}")
+        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        return {"__tensor__": name, "shape": list(t.shape), "data": base64.b64encode(raw).decode("ascii")}
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        return {"__float__": repr(obj)}  # keeps nan and inf
+    if isinstance(obj, (list, tuple)):
+        return {"__list__": [_to_json(x, depth + 1) for x in obj], "tuple": isinstance(obj, tuple)}
+    if isinstance(obj, dict):
+        if not all(isinstance(k, str) for k in obj):
+            raise TypeError("only dicts with str keys can be sent")
+        return {"__dict__": {k: _to_json(v, depth + 1) for k, v in obj.items()}}
+    raise TypeError(f"cannot send a {type(obj).__name__}")
+
+
+def _tensor_from_json(obj: dict) -> torch.Tensor:
+    dtype = _DTYPES.get(obj.get("__tensor__")) if isinstance(obj.get("__tensor__"), str) else None
+    shape, data = obj.get("shape"), obj.get("data")
+    if (dtype is None or not isinstance(shape, list) or not isinstance(data, str) or len(shape) > MAX_DEPTH
+            or not all(type(n) is int and n >= 0 for n in shape)):
+        raise ProtocolError("malformed tensor")
+    try:
+        raw = bytearray(base64.b64decode(data, validate=True))
+    except (binascii.Error, ValueError):
+        raise ProtocolError("malformed tensor data") from None
+    count = math.prod(shape)
+    if len(raw) != count * torch.empty((), dtype=dtype).element_size():
+        raise ProtocolError("tensor data does not match its shape and dtype")
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape).clone()
+
+
+def _from_json(obj: Any, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise ProtocolError(f"a value nested deeper than {MAX_DEPTH} levels")
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if not isinstance(obj, dict):
+        raise ProtocolError("malformed value")
+    if "__tensor__" in obj:
+        return _tensor_from_json(obj)
+    if "__float__" in obj:
+        if not isinstance(obj["__float__"], str):
+            raise ProtocolError("malformed float")
+        try:
+            return float(obj["__float__"])
+        except ValueError:
+            raise ProtocolError("malformed float") from None
+    if "__list__" in obj:
+        if not isinstance(obj["__list__"], list):
+            raise ProtocolError("malformed list")
+        items = [_from_json(x, depth + 1) for x in obj["__list__"]]
+        return tuple(items) if obj.get("tuple") is True else items
+    if "__dict__" in obj:
+        if not isinstance(obj["__dict__"], dict):
+            raise ProtocolError("malformed dict")
+        return {str(k): _from_json(v, depth + 1) for k, v in obj["__dict__"].items()}
+    raise ProtocolError("malformed value")
+
+
+def encode_value(obj: Any) -> str:
+    """A JSON string for ``obj``; TypeError for what cannot be sent (other types, too deep)."""
+    return json.dumps(_to_json(obj, 0))
+
+
+def decode_value(text: Any) -> Any:
+    """The inverse of :func:`encode_value`; ProtocolError on anything malformed. Never unpickles."""
+    if not isinstance(text, (str, bytes)):
+        raise ProtocolError("a value must be sent as a JSON string")
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError) as err:
+        raise ProtocolError(f"malformed value ({type(err).__name__})") from None
+    return _from_json(parsed, 0)
