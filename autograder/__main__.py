@@ -22,15 +22,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
-    for command, (module_name, summary) in COMMANDS.items():
-        try:
-            module = importlib.import_module(f"autograder.{module_name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"autograder.{module_name}":
-                raise
-            continue
-        modules[command] = module
-        module.add_arguments(sub.add_parser(command, help=summary, description=summary))
+    try:
+        for command, (module_name, summary) in COMMANDS.items():
+            modules[command] = module = importlib.import_module(f"autograder.{module_name}")
+            module.add_arguments(sub.add_parser(command, help=summary, description=summary))
+    except ModuleNotFoundError as err:
+        if err.name and not err.name.startswith("autograder"):
+            print(f"error: this Python ({sys.executable}) does not have the course installed (no module "
+                  f"{err.name!r}); use the course's: .venv/bin/python -m autograder … (make install creates it)",
+                  file=sys.stderr)
+            return 1
+        raise
     args = parser.parse_args(argv)
     return int(modules[args.command].run(args) or 0)
 

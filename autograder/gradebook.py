@@ -2,51 +2,39 @@
 
 Only the grader's main process writes here, one transaction per submission. Writes are
 upserts: the assignment (= chapter), its notebook and grade cells (``<exercise>_tests``,
-max score = the exercise's points) are created from the source notebook when missing;
-the student and the submission are created when missing; each grade's ``auto_score`` is set.
-Recording the same result twice leaves the gradebook as it was.
+max score = the exercise's points in :mod:`autograder.registry`) are created when
+missing; the student and the submission are created when missing; each grade's
+``auto_score`` is set. Recording the same result twice leaves the gradebook as it was.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import nbformat
 from nbgrader.api import Gradebook, MissingEntry
 
-from autograder import verdict
+from autograder import registry
 
 
 class Recorder:
-    def __init__(self, url: str, source_dir: Path, chapters: dict[str, verdict.Chapter]):
+    def __init__(self, url: str):
         self.url = url
-        self.source_dir = Path(source_dir)
-        self.chapters = chapters
         self._ready: set[str] = set()
 
-    def _ensure_assignment(self, gb: Gradebook, chapter: verdict.Chapter) -> None:
-        if chapter.name in self._ready:
+    def _ensure_assignment(self, gb: Gradebook, chapter: registry.Chapter) -> None:
+        if chapter.id in self._ready:
             return
-        gb.update_or_create_assignment(chapter.name)
-        gb.update_or_create_notebook(chapter.name, chapter.name)
-        nb = nbformat.read(self.source_dir / chapter.name / f"{chapter.name}.ipynb", as_version=4)
-        points = {ex.name: ex.points for ex in chapter.exercises}
-        for cell in nb.cells:
-            meta = cell.get("metadata", {}).get("nbgrader", {})
-            grade_id = meta.get("grade_id", "")
-            if meta.get("grade") and grade_id.removesuffix("_tests") in points:
-                try:
-                    gb.find_grade_cell(grade_id, chapter.name, chapter.name)
-                except MissingEntry:
-                    gb.update_or_create_grade_cell(grade_id, chapter.name, chapter.name,
-                                                   max_score=float(points[grade_id.removesuffix("_tests")]),
-                                                   cell_type="code")
-        self._ready.add(chapter.name)
+        gb.update_or_create_assignment(chapter.id)
+        gb.update_or_create_notebook(chapter.id, chapter.id)
+        for ex in chapter.exercises:
+            try:
+                gb.find_grade_cell(f"{ex.name}_tests", chapter.id, chapter.id)
+            except MissingEntry:
+                gb.update_or_create_grade_cell(f"{ex.name}_tests", chapter.id, chapter.id,
+                                               max_score=float(ex.points), cell_type="code")
+        self._ready.add(chapter.id)
 
     def record(self, result: dict) -> None:
-        chapter = verdict.chapter_of(Path(result["notebook"]), self.chapters)
-        if chapter is None:
-            return  # not a notebook of the course: nothing nbgrader can hold
+        """Set the scores of one graded notebook (a result of ``autograder grade`` with a chapter)."""
+        chapter = registry.get(result["chapter"])
         with Gradebook(self.url) as gb:
             self._ensure_assignment(gb, chapter)
             try:
@@ -54,13 +42,12 @@ class Recorder:
             except MissingEntry:
                 gb.update_or_create_student(result["student"])
             try:
-                gb.find_submission(chapter.name, result["student"])
+                gb.find_submission(chapter.id, result["student"])
             except MissingEntry:
-                gb.add_submission(chapter.name, result["student"])
+                gb.add_submission(chapter.id, result["student"])
             for row in result["rows"]:
-                grade_id = f"{row['exercise']}_tests"
                 try:
-                    grade = gb.find_grade(grade_id, chapter.name, chapter.name, result["student"])
+                    grade = gb.find_grade(f"{row['exercise']}_tests", chapter.id, chapter.id, result["student"])
                 except MissingEntry:
                     continue
                 grade.auto_score = float(row["points"])

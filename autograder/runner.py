@@ -1,52 +1,82 @@
 """The student-side runner: the only process in which a learner's code ever runs.
 
 Started by :mod:`autograder.sandbox` as ``python -I -m autograder.runner LIMITS_JSON``
-inside the sandbox. It reads requests from stdin and writes answers on a private
-copy of its original stdout; the learner's own prints go to stderr, which the
-grader drains with a size cap. Messages are 8-byte big-endian lengths followed by
-UTF-8 JSON. Requests:
+inside the sandbox. It reads requests (:mod:`autograder.wire` messages) on stdin
+and answers on a private copy of its original stdout; the learner's own prints go
+to stderr, which the grader drains with a size cap. Requests:
 
 * ``{"op": "cell", "source": str}`` — run one cell with IPython (magics work);
-  answer ``{"ok": bool, "error": str | None}``. An error does not stop later cells.
-* ``{"op": "probe", "target": str, "probe": str, "inputs": str}`` — call the probe
-  ``autograder.checks.probes.<probe>`` *directly* (not through ``run_cell``, so input
-  transformers and ``showtraceback`` overrides never see it) on the notebook global
-  ``target`` and the :func:`core.decode` d inputs; answer ``{"ok": true, "outputs":
-  core.encode(outputs)}`` or ``{"ok": false, "error": ..., "type": ...}``.
+  answer ``{"ok": bool, "error": str | None, "syntax": bool}``. An error does not stop
+  later cells.
+* ``{"op": "probe", "target": str, "probe": str, "inputs": str, "forbidden": [str],
+  "answer_files": [str]}`` — call :func:`autograder.checks.probes.execute` *directly*
+  (not through ``run_cell``, so input transformers and ``showtraceback`` overrides never
+  see it) on the notebook global ``target``.
 * ``{"op": "exit"}``.
 
-This process decides nothing: the verdict is computed by the grader from the
-outputs, so whatever the learner's code does to this process (patching ``torch``,
-``builtins``, IPython) can only change its own outputs.
+The first answer, sent before any learner code runs, is ``{"ok": true, "ready": true,
+"pid": <pid>}``. This process decides nothing: the verdict is computed by the grader
+from the outputs, so whatever the learner's code does to this process (patching
+``torch``, ``builtins``, IPython) can only change its own outputs.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
-import struct
 import sys
 
-MAX_ANSWER = 64 * 1024 * 1024  # bytes of one encoded answer
+
+def _open_answer_channel() -> int:
+    """A private fd for answers; fd 1 becomes the learner's output stream (fd 2, capped by the grader)."""
+    answer_fd = os.dup(1)
+    os.dup2(2, 1)
+    os.set_inheritable(answer_fd, False)
+    return answer_fd
 
 
-def _apply_limits(limits: dict) -> None:
+def _import_trusted():
+    """Everything the runner needs, imported and bound before any learner code or limit."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from autograder import wire
+    from autograder.checks import probes
+
+    return InteractiveShell, wire, probes.execute
+
+
+def _enter_sandbox(limits: dict) -> None:
+    """cwd, rlimits, then (as root) an unprivileged uid, and death with the grader."""
+    import ctypes
+    import resource
+    import signal
+
+    os.chdir(limits.get("cwd", os.getcwd()))
     for name, value in limits.get("rlimits", {}).items():
-        res = getattr(resource, name)
-        resource.setrlimit(res, (value, value))
+        resource.setrlimit(getattr(resource, name), (value, value))
     uid = limits.get("uid")
     if os.geteuid() == 0 and uid:
         # Root ignores RLIMIT_NPROC and could undo the sandbox's mounts: drop to an unprivileged uid.
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+    parent = limits.get("parent")
+    try:  # set after the uid change, which clears it: die when the grader dies
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if parent and os.getppid() != parent:
+        os._exit(0)  # the grader is already gone
 
 
 def _read_exact(fd: int, n: int) -> bytes:
     chunks = []
     while n:
-        chunk = os.read(fd, n)
+        chunk = os.read(fd, min(n, 1 << 20))
         if not chunk:
             raise EOFError
         chunks.append(chunk)
@@ -54,98 +84,83 @@ def _read_exact(fd: int, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _send(fd: int, message: dict) -> None:
-    data = json.dumps(message).encode("utf-8")
-    if len(data) > MAX_ANSWER:
-        data = json.dumps({"ok": False, "type": "OutputTooLarge",
-                           "error": f"the outputs are larger than {MAX_ANSWER} bytes"}).encode()
-    payload = struct.pack(">Q", len(data)) + data
+def _send(fd: int, wire, message: dict) -> None:
+    try:
+        payload = wire.pack(message)
+    except (wire.ProtocolError, TypeError, ValueError):
+        payload = wire.pack({"ok": False, "kind": "unsendable", "error": "the answer is larger than the protocol allows"})
     view = memoryview(payload)
     while view:
-        written = os.write(fd, view)
-        view = view[written:]
+        view = view[os.write(fd, view):]
 
 
-def main() -> int:
-    limits = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
-    # Private answer channel; fd 1 becomes the learner's output stream (fd 2, capped by the grader).
-    answer_fd = os.dup(1)
-    os.dup2(2, 1)
-    os.set_inheritable(answer_fd, False)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+def _run_cell(shell, source: str) -> dict:
+    type_ = type
+    try:
+        result = shell.run_cell(source, store_history=False, silent=False)
+        err = result.error_before_exec or result.error_in_exec
+        syntax = isinstance(result.error_before_exec, SyntaxError)
+        answer = {"ok": err is None, "syntax": syntax,
+                  "error": None if err is None else f"{type_(err).__name__}: {str(err)[:500]}"}
+    except BaseException as err:  # noqa: BLE001 — a SystemExit from the cell must not end the runner
+        answer = {"ok": False, "syntax": False, "error": f"{type_(err).__name__}: {str(err)[:500]}"}
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001
+        pass
+    return answer
 
-    import torch  # noqa: F401  (imported before the limits: the import itself is trusted and large)
 
-    torch.set_num_threads(1)
-    from IPython.core.interactiveshell import InteractiveShell
+def _run_probe(user_ns: dict, execute, request: dict) -> dict:
+    target = request.get("target")
+    if not isinstance(target, str) or target not in user_ns:
+        return {"ok": False, "kind": "missing", "error": f"{target} is not defined: run the cell that defines it",
+                "violation": None}
+    answer = execute(user_ns[target], request.get("probe"), request.get("inputs"),
+                     tuple(request.get("forbidden", ())), tuple(request.get("answer_files", ())))
+    try:
+        sys.stdout.flush()
+    except BaseException:  # noqa: BLE001
+        pass
+    return answer
 
-    from autograder.checks import core, probes
 
-    # Bind what we need now, so that a learner patching the modules later cannot reach us.
-    encode, decode = core.encode, core.decode
-    probe_functions = {name: getattr(probes, name) for name in dir(probes) if not name.startswith("_")}
-    os.chdir(limits.get("cwd", os.getcwd()))
-    _apply_limits(limits)
-
+def _serve(answer_fd: int, shell, wire, execute) -> int:
     import builtins
 
     saved_builtins = dict(builtins.__dict__)
-    shell = InteractiveShell.instance()
+    main_pid, getpid, exit_now = os.getpid(), os.getpid, os._exit
+    send, read_exact, run_cell, run_probe = _send, _read_exact, _run_cell, _run_probe
     user_ns = shell.user_ns
-    send, read_exact, unpack = _send, _read_exact, struct.unpack
-    loads, dumps_type = json.loads, type
-
-    main_pid = os.getpid()
-    send(answer_fd, {"ok": True, "ready": True})
+    send(answer_fd, wire, {"ok": True, "ready": True, "pid": main_pid})
     while True:
-        if os.getpid() != main_pid:  # a fork of the learner's code came back here: it must not answer
-            os._exit(0)
         try:
-            (size,) = unpack(">Q", read_exact(0, 8))
-            request = loads(read_exact(0, size))
+            request = wire.parse(read_exact(0, wire.body_size(read_exact(0, 8))))
         except EOFError:
             return 0
         op = request.get("op")
         if op == "exit":
             return 0
         if op == "cell":
-            try:
-                result = shell.run_cell(request["source"], store_history=False, silent=False)
-                err = result.error_before_exec or result.error_in_exec
-                answer = {"ok": err is None,
-                          "error": None if err is None else f"{dumps_type(err).__name__}: {str(err)[:500]}"}
-            except BaseException as err:  # noqa: BLE001 — a SystemExit from the cell must not end the runner
-                answer = {"ok": False, "error": f"{dumps_type(err).__name__}: {str(err)[:500]}"}
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            except BaseException:  # noqa: BLE001
-                pass
-            if os.getpid() != main_pid:
-                os._exit(0)
-            send(answer_fd, answer)
+            answer = run_cell(shell, str(request.get("source", "")))
         elif op == "probe":
-            builtins.__dict__.update(saved_builtins)  # probes and encode run with the real builtins
-            try:
-                if request["target"] not in user_ns:
-                    answer = {"ok": False, "type": "Missing", "error": f"{request['target']} is not defined"}
-                else:
-                    probe = probe_functions[request["probe"]]
-                    outputs = probe(user_ns[request["target"]], decode(request["inputs"]))
-                    answer = {"ok": True, "outputs": encode(outputs)}
-            except BaseException as err:  # noqa: BLE001 — reported to the verdict process, which decides
-                answer = {"ok": False, "type": dumps_type(err).__name__, "error": str(err)[:500]}
-            try:
-                sys.stdout.flush()
-            except BaseException:  # noqa: BLE001
-                pass
-            if os.getpid() != main_pid:
-                os._exit(0)
-            if not isinstance(answer.get("type", ""), str):
-                answer["type"] = "Error"
-            send(answer_fd, answer)
+            builtins.__dict__.update(saved_builtins)  # probes and encoding run with the real builtins
+            answer = run_probe(user_ns, execute, request)
         else:
-            send(answer_fd, {"ok": False, "type": "Protocol", "error": f"unknown op {op!r}"})
+            answer = {"ok": False, "kind": "raised", "error": f"unknown op {op!r}"}
+        if getpid() != main_pid:  # a fork of the learner's code came back here: it must not answer
+            exit_now(0)
+        send(answer_fd, wire, answer)
+
+
+def main() -> int:
+    limits = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    answer_fd = _open_answer_channel()
+    shell_class, wire, execute = _import_trusted()
+    _enter_sandbox(limits)
+    shell = shell_class.instance()
+    return _serve(answer_fd, shell, wire, execute)
 
 
 if __name__ == "__main__":

@@ -2,32 +2,37 @@
 
 Isolation levels, best first (:func:`detect` picks one with a real probe):
 
-* ``bwrap`` — bubblewrap: new user (when not root), pid, net, ipc, uts namespaces; no
-  network; a root file system made only of read-only binds of the system and Python
-  directories, the course packages with the instructor's files masked (the source
-  notebooks, the solutions module of the chapter being graded and every check module
-  that imports it, ``__pycache__``), a fresh ``/tmp`` and a writable scratch directory
-  holding only a copy of the notebook. Nothing else of the host is visible: not the
-  submissions, not the gradebook, not the grader's output.
+* ``bwrap`` — bubblewrap: new pid, net, ipc, uts namespaces (and a user namespace when
+  not root); no network; a read-only root made only of read-only binds of the system
+  and Python directories and of the course packages, with the grading chapter's answer
+  modules, its checks, the source notebooks and ``__pycache__`` masked; a size-capped
+  ``/tmp`` and a size-capped writable ``/sandbox`` (both tmpfs, fresh at every start).
+  Nothing else of the host is visible: not the submissions, not the gradebook, not the
+  grader's output.
 * ``unshare`` — root without bubblewrap: new net and pid namespaces (no network, the
   whole tree is killed with its init), but the file system is NOT hidden.
-* ``none`` — rlimits only; network and file system isolation are off (a warning says so).
+* ``none`` — rlimits only; network and file-system isolation are off (a warning says so).
 
-Limits in every level: ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE``, ``RLIMIT_NPROC`` (the runner
-drops to an unprivileged uid when started as root, since root ignores it), ``RLIMIT_CPU``,
-no core dumps; wall time per request enforced here (the whole tree is killed); the
-learner's output is drained while it streams and the runner is killed past a cap.
+Limits in every level: ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE``, ``RLIMIT_NPROC`` (as root,
+the runner drops to an unprivileged uid of its own, fresh at every start, so no two
+runners share a process count), ``RLIMIT_CPU``, no core dumps; wall time per request
+enforced here, both for writing the request and for reading the answer; the learner's
+output is drained while it streams and the runner is killed past a cap. After every
+request, every process the learner's code left behind in the sandbox is killed
+(:meth:`Runner.reap`), so nothing outlives the cell or check that started it.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
+import secrets
 import select
 import shutil
 import signal
-import struct
+import stat
 import subprocess
 import sys
 import tempfile
@@ -38,10 +43,10 @@ from pathlib import Path
 
 import autograder
 import solutions
+from autograder import wire
 
 PACKAGE_DIR = Path(autograder.__file__).resolve().parent
 SOLUTIONS_DIR = Path(solutions.__file__).resolve().parent
-REPO_DIR = PACKAGE_DIR.parent
 
 
 @dataclass(frozen=True)
@@ -51,13 +56,14 @@ class Limits:
     memory_bytes: int = 6 * 2**30  # RLIMIT_AS; `import torch` alone maps about 3.3 GB of address space
     processes: int = 64  # RLIMIT_NPROC of the sandbox uid (threads count too)
     file_bytes: int = 64 * 2**20  # RLIMIT_FSIZE: the largest file the learner may write
+    disk_bytes: int = 256 * 2**20  # everything the learner may write (/sandbox and /tmp together, bwrap)
     output_bytes: int = 1 * 2**20  # the learner's prints; the runner is killed past this
     cpu_seconds: int = 1200  # RLIMIT_CPU, a backstop behind the wall-time limits
     start_seconds: float = 60.0  # wall time to start the runner (imports torch)
 
 
 class RunnerDied(Exception):
-    """The runner was killed or died; ``kind`` is timeout, memory, crashed or output."""
+    """The runner was stopped or died; ``kind`` is timeout, memory, crashed, output or start."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
@@ -71,7 +77,7 @@ def detect() -> str:
     if forced in ("bwrap", "unshare", "none"):
         return forced
     if shutil.which("bwrap"):
-        cmd = _bwrap_prefix(Path(tempfile.gettempdir()), hide=[]) + [sys.executable, "-I", "-c", "print('ok')"]
+        cmd = _bwrap_prefix(hide=[], limits=Limits()) + [sys.executable, "-I", "-c", "print('ok')"]
         try:
             out = subprocess.run(cmd, capture_output=True, timeout=30)
             if out.returncode == 0 and out.stdout.strip() == b"ok":
@@ -100,9 +106,9 @@ def warning(level: str) -> str | None:
             "bubblewrap) and allow unprivileged user namespaces, or grade as root.")
 
 
-def _sandbox_uid() -> int | None:
-    """An unprivileged uid for this worker when we are root (root ignores RLIMIT_NPROC)."""
-    return 200000 + os.getpid() % 100000 if os.geteuid() == 0 else None
+def _fresh_uid() -> int | None:
+    """An unprivileged uid used by no one else, when we are root (root ignores RLIMIT_NPROC)."""
+    return 2**30 + secrets.randbelow(2**29) if os.geteuid() == 0 else None
 
 
 def _world_traversable(path: Path) -> bool:
@@ -117,13 +123,15 @@ def _system_dirs() -> list[Path]:
     return [d for d in dict.fromkeys(dirs) if d.exists()]
 
 
-def _bwrap_prefix(scratch: Path, hide: list[Path]) -> list[str]:
+def _bwrap_prefix(hide: list[Path], limits: Limits) -> list[str]:
     # As root: no user namespace (so the runner can drop to an unmapped unprivileged uid itself);
     # otherwise an unprivileged user namespace.
     unshare = (["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
                if os.geteuid() == 0 else ["--unshare-all"])
-    cmd = ["bwrap", *unshare, "--die-with-parent", "--new-session", "--tmpfs", "/", "--dev", "/dev",
-           "--proc", "/proc", "--tmpfs", "/tmp"]
+    half = max(limits.disk_bytes // 2, 1 << 20)
+    cmd = ["bwrap", *unshare, "--die-with-parent", "--new-session", "--size", str(1 << 20), "--tmpfs", "/",
+           "--dev", "/dev", "--proc", "/proc", "--perms", "01777", "--size", str(half), "--tmpfs", "/tmp",
+           "--perms", "01777", "--size", str(half), "--tmpfs", "/sandbox"]
     parents: list[Path] = []
     for d in [*_system_dirs(), PACKAGE_DIR, SOLUTIONS_DIR]:
         parents += [p for p in reversed(d.parents) if p != Path("/") and p not in parents]
@@ -136,38 +144,110 @@ def _bwrap_prefix(scratch: Path, hide: list[Path]) -> list[str]:
             cmd += ["--ro-bind", str(d), str(d)]
     for d in (PACKAGE_DIR, SOLUTIONS_DIR):
         cmd += ["--ro-bind", str(d), str(d)]
-    masks = [PACKAGE_DIR / "source", SOLUTIONS_DIR / "__pycache__", PACKAGE_DIR / "checks" / "__pycache__"]
-    for path in masks + list(hide):
-        path = Path(path)
-        if not any(path == d or d in path.parents for d in [*_system_dirs(), PACKAGE_DIR, SOLUTIONS_DIR]):
+    masks = [PACKAGE_DIR / "source", SOLUTIONS_DIR / "__pycache__", PACKAGE_DIR / "checks" / "__pycache__",
+             PACKAGE_DIR / "__pycache__"]
+    visible = [*_system_dirs(), PACKAGE_DIR, SOLUTIONS_DIR]
+    for path in masks + [Path(p) for p in hide]:
+        if not any(path == d or d in path.parents for d in visible):
             continue  # not visible anyway
-        if path.is_dir():
-            cmd += ["--tmpfs", str(path)]
+        if path.is_dir() and not path.is_symlink():
+            cmd += ["--perms", "0555", "--size", "4096", "--tmpfs", str(path), "--remount-ro", str(path)]
         elif path.exists():
             cmd += ["--ro-bind", "/dev/null", str(path)]
-    cmd += ["--bind", str(scratch), "/sandbox", "--chdir", "/sandbox", "--setenv", "HOME", "/sandbox",
+    cmd += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/sandbox", "--setenv", "HOME", "/sandbox",
             "--setenv", "OMP_NUM_THREADS", "1", "--setenv", "MPLBACKEND", "Agg"]
     return cmd
 
 
-def hidden_paths(module: str | None, extra: list[Path] = ()) -> list[Path]:
-    """Files the learner must not read when chapter ``module`` (e.g. "attention") is graded."""
+def hidden_paths(chapter, extra: list[Path] = ()) -> list[Path]:
+    """Files the learner must not read while ``chapter`` (a registry Chapter) is graded."""
     paths = [Path(p) for p in extra]
-    if module:
-        paths.append(SOLUTIONS_DIR / f"{module}.py")
-        for check in (PACKAGE_DIR / "checks").glob("*.py"):
-            text = check.read_text(encoding="utf-8", errors="replace")
-            if f"solutions.{module}" in text or f"from solutions import {module}" in text:
-                paths.append(check)
+    if chapter is not None:
+        paths += [Path(f) for f in chapter.answer_files()]
+        checks = chapter.checks_file()
+        if checks:
+            paths.append(Path(checks))
     return paths
+
+
+# --- files: never through a link, never recursively --------------------------------
+
+
+def remove_tree(root: Path) -> None:
+    """Delete ``root`` and everything under it without following any link, at any depth.
+
+    Sub-folders are first moved up next to the folder being emptied, so that at most two
+    folders are open at a time however deep the tree is (no recursion, no PATH_MAX).
+    """
+    root = Path(root)
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(root)
+        return
+    base_fd = os.open(root.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        pending = [root.name]
+        counter = 0
+        while pending:
+            name = pending.pop()
+            try:
+                os.chmod(name, 0o700, dir_fd=base_fd)  # a folder the learner made unreadable
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=base_fd)
+            except FileNotFoundError:
+                continue
+            try:
+                with os.scandir(fd) as entries:
+                    children = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+                for child, is_dir in children:
+                    if is_dir:
+                        counter += 1
+                        moved = f".tdd-rm-{os.getpid()}-{counter}-{secrets.token_hex(4)}"
+                        os.rename(child, moved, src_dir_fd=fd, dst_dir_fd=base_fd)
+                        pending.append(moved)
+                    else:
+                        os.unlink(child, dir_fd=fd)
+            finally:
+                os.close(fd)
+            try:
+                os.rmdir(name, dir_fd=base_fd)
+            except OSError as err:
+                if err.errno != errno.ENOTEMPTY:
+                    raise
+                pending.append(name)  # something appeared meanwhile (not once the runner is dead)
+    finally:
+        os.close(base_fd)
+
+
+# --- the runner ---------------------------------------------------------------------
+
+
+def _proc_status(pid: str) -> dict[str, str]:
+    fields = {}
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+    except OSError:
+        pass
+    return fields
+
+
+def _pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
 
 
 @dataclass
 class Runner:
-    """One sandboxed runner process; restart it after a kill with :meth:`start`."""
+    """One sandboxed runner process; :meth:`start` (again after a kill), :meth:`request`, :meth:`close`."""
 
     limits: Limits
-    scratch: Path
     hide: list[Path] = field(default_factory=list)
     level: str = field(default_factory=detect)
     unprivileged: bool = True  # drop to an unprivileged uid when root (False only for the learner's self-check)
@@ -175,6 +255,12 @@ class Runner:
     output: bytearray = field(default_factory=bytearray)
     _output_total: int = 0
     _over: bool = False
+    _killed: str | None = None  # why we killed it, when we did
+    _scratch: Path | None = None  # host folder for the learner's files (unshare and none only)
+    _namespace: str | None = None  # the runner's pid namespace (bwrap, unshare)
+    _runner_pid: int | None = None  # the runner's pid as it sees itself
+
+    # -- start --
 
     def _uid(self) -> int | None:
         """The unprivileged uid the runner drops to; outside bwrap only when it can still read Python there."""
@@ -182,40 +268,69 @@ class Runner:
             return None
         if self.level != "bwrap" and not all(_world_traversable(p) for p in (sys.base_prefix, sys.prefix)):
             return None
-        return _sandbox_uid()
+        return _fresh_uid()
 
-    def _command(self) -> tuple[list[str], dict]:
-        uid = self._uid()
+    def _fresh_scratch(self, uid: int | None) -> str:
+        """``/sandbox`` under bwrap (a fresh tmpfs); otherwise a new empty host folder owned by ``uid``."""
+        if self.level == "bwrap":
+            return "/sandbox"
+        if self._scratch is not None:
+            remove_tree(self._scratch)
+        self._scratch = Path(tempfile.mkdtemp(prefix="tdd-sandbox-"))
+        if uid is not None:
+            os.chown(self._scratch, uid, uid)  # a folder we just made: no link to follow
+        return str(self._scratch)
+
+    def _command(self, uid: int | None, cwd: str) -> tuple[list[str], dict]:
         rlimits = {"RLIMIT_AS": self.limits.memory_bytes, "RLIMIT_FSIZE": self.limits.file_bytes,
                    "RLIMIT_NPROC": self.limits.processes, "RLIMIT_CPU": self.limits.cpu_seconds, "RLIMIT_CORE": 0}
-        cwd = "/sandbox" if self.level == "bwrap" else str(self.scratch)
-        config = json.dumps({"rlimits": rlimits, "uid": uid, "cwd": cwd})
+        config = json.dumps({"rlimits": rlimits, "uid": uid, "cwd": cwd,
+                                  "parent": None if self.level != "none" else os.getpid()})
         runner = [sys.executable, "-I", "-m", "autograder.runner", config]
-        env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "HOME": cwd,
-               "LANG": "C.UTF-8"}
+        env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "HOME": cwd, "LANG": "C.UTF-8",
+               "TDD_QUICK": "1"}
         if self.level == "bwrap":
-            return _bwrap_prefix(self.scratch, self.hide) + runner, env
+            return _bwrap_prefix(self.hide, self.limits) + runner, env
         if self.level == "unshare":
             return ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"] + runner, env
         return runner, env
 
     def start(self) -> None:
+        """(Re)start the runner with fresh scratch space; RunnerDied("start", why) if it cannot start."""
         self.kill()
         uid = self._uid()
-        if uid is not None:
-            os.chown(self.scratch, uid, uid)
-            for p in self.scratch.iterdir():
-                os.chown(p, uid, uid)
-        cmd, env = self._command()
-        preexec = os.setsid
-        self.output = bytearray()
-        self._output_total = 0
-        self._over = False
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     cwd=str(self.scratch), env=env, preexec_fn=preexec, close_fds=True)
+        cwd = self._fresh_scratch(uid)
+        cmd, env = self._command(uid, cwd)
+        self.output, self._output_total, self._over, self._killed = bytearray(), 0, False, None
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         cwd="/" if self.level == "bwrap" else cwd, env=env,
+                                         start_new_session=True, close_fds=True)
+        except OSError as err:
+            raise RunnerDied("start", f"the kernel could not start ({err.strerror})") from None
+        os.set_blocking(self.proc.stdin.fileno(), False)
         self._drain = threading.Thread(target=self._drain_output, args=(self.proc,), daemon=True)
         self._drain.start()
-        self._read_answer(self.limits.start_seconds)
+        try:
+            ready = self._read_answer(self.limits.start_seconds)
+        except RunnerDied as died:
+            raise RunnerDied("start", f"the kernel could not start: {died}") from None
+        pid = ready.get("pid")
+        self._runner_pid = pid if type(pid) is int else None
+        self._namespace = self._find_namespace()
+
+    def _find_namespace(self) -> str | None:
+        if self.level == "none" or self.proc is None:
+            return None
+        host_ns = _pid_namespace(os.getpid())
+        for entry in os.listdir("/proc"):  # the child of bwrap/unshare that lives in a new pid namespace
+            if entry.isdigit() and _proc_status(entry).get("PPid") == str(self.proc.pid):
+                ns = _pid_namespace(int(entry))
+                if ns and ns != host_ns:
+                    return ns
+        return None
+
+    # -- output --
 
     def _drain_output(self, proc: subprocess.Popen) -> None:
         while True:
@@ -230,7 +345,10 @@ class Runner:
                 self.output += chunk[: 16384 - len(self.output)]
             if self._output_total > self.limits.output_bytes and not self._over:
                 self._over = True
+                self._killed = "output"
                 self._kill_tree(proc)
+
+    # -- stopping --
 
     @staticmethod
     def _kill_tree(proc: subprocess.Popen) -> None:
@@ -242,6 +360,35 @@ class Runner:
             proc.kill()
         except ProcessLookupError:
             pass
+
+    def reap(self) -> int:
+        """Kill every process the learner's code left in the sandbox (all but the runner); how many."""
+        if self.proc is None:
+            return 0
+        killed = 0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in (os.getpid(), self.proc.pid):
+                continue
+            if self._namespace is not None:
+                if _pid_namespace(int(entry)) != self._namespace:
+                    continue
+                inner = _proc_status(entry).get("NSpid", "").split()
+                if not inner or inner[-1] in ("1", str(self._runner_pid)):
+                    continue  # the namespace's init, and the runner itself
+            else:
+                try:
+                    with open(f"/proc/{entry}/stat", "rb") as f:
+                        session = f.read().rsplit(b")", 1)[1].split()[4]
+                except (OSError, IndexError):
+                    continue
+                if session != str(self.proc.pid).encode() or int(entry) == self._runner_pid:
+                    continue
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        return killed
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -258,6 +405,7 @@ class Runner:
             self.proc = None
 
     def _died(self) -> RunnerDied:
+        """Why the runner is gone, from our own records and its exit status (never from its output)."""
         proc = self.proc
         try:
             code = proc.wait(timeout=5)
@@ -265,29 +413,53 @@ class Runner:
             self._kill_tree(proc)
             code = proc.wait()
         self._drain.join(timeout=5)
-        tail = bytes(self.output[-2000:]).decode("utf-8", "replace")
+        killed = self._killed
         self.kill()
-        if self._over:
+        if killed == "output":
             return RunnerDied("output", f"printed more than {self.limits.output_bytes} bytes; the kernel was stopped")
-        if "MemoryError" in tail or "can't allocate memory" in tail or code in (-signal.SIGKILL,):
-            if "MemoryError" in tail or "allocate" in tail:
-                return RunnerDied("memory", "the kernel ran out of its memory limit")
-        if code == -signal.SIGXCPU or code == 128 + signal.SIGXCPU:
+        if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
             return RunnerDied("timeout", "the kernel used up its CPU time limit")
+        if code in (-signal.SIGKILL, 128 + signal.SIGKILL):
+            return RunnerDied("memory", "the kernel was killed, most likely for using too much memory")
         return RunnerDied("crashed", f"the kernel died (exit status {code})")
+
+    def _stop(self, kind: str, message: str) -> RunnerDied:
+        self._killed = kind
+        self.kill()
+        return RunnerDied(kind, message)
+
+    # -- requests --
+
+    def _write(self, data: bytes, deadline: float) -> None:
+        fd = self.proc.stdin.fileno()
+        view = memoryview(data)
+        while view:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._stop("timeout", "the kernel stopped reading its input; it was stopped")
+            _, writable, _ = select.select([], [fd], [], min(left, 0.5))
+            if self._over:
+                raise self._died()
+            if not writable:
+                if self.proc.poll() is not None:
+                    raise self._died()
+                continue
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                continue
+            except (BrokenPipeError, OSError):
+                raise self._died() from None
 
     def _read_answer(self, timeout: float) -> dict:
         proc = self.proc
         fd = proc.stdout.fileno()
         deadline = time.monotonic() + timeout
-        buf = bytearray()
-        need = 8
-        size = None
+        buf, need, size = bytearray(), 8, None
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                self.kill()
-                raise RunnerDied("timeout", f"took longer than {timeout:g} s; the kernel was stopped")
+                raise self._stop("timeout", f"took longer than {timeout:.3g} s; the kernel was stopped")
             ready, _, _ = select.select([fd], [], [], min(left, 0.5))
             if self._over:
                 raise self._died()
@@ -299,43 +471,46 @@ class Runner:
             if not chunk:
                 raise self._died()
             buf += chunk
-            if len(buf) == need:
-                if size is None:
-                    (size,) = struct.unpack(">Q", bytes(buf))
-                    if size > 80 * 2**20:
-                        self.kill()
-                        raise RunnerDied("crashed", "the kernel sent a malformed answer")
-                    buf, need = bytearray(), size
-                    if size == 0:
-                        break
-                else:
-                    break
-        try:
-            answer = json.loads(bytes(buf))
-            if not isinstance(answer, dict):
-                raise ValueError
-        except ValueError:
-            self.kill()
-            raise RunnerDied("crashed", "the kernel sent a malformed answer") from None
-        return answer
+            if len(buf) < need:
+                continue
+            if size is None:
+                try:
+                    size = wire.body_size(bytes(buf))
+                except wire.ProtocolError:
+                    raise self._stop("crashed", "the kernel sent a malformed answer") from None
+                buf, need = bytearray(), size
+                if size:
+                    continue
+            try:
+                return wire.parse(bytes(buf))
+            except wire.ProtocolError:
+                raise self._stop("crashed", "the kernel sent a malformed answer") from None
 
     def request(self, message: dict, timeout: float) -> dict:
+        """Send ``message`` and return the answer; RunnerDied if the kernel is stopped or dies meanwhile.
+
+        ``timeout`` bounds writing the request and reading the answer together. Afterwards the
+        processes the learner's code left behind are killed.
+        """
         if self.proc is None or self.proc.poll() is not None:
             raise RunnerDied("crashed", "the kernel is not running")
-        data = json.dumps(message).encode("utf-8")
+        deadline = time.monotonic() + timeout
         try:
-            self.proc.stdin.write(struct.pack(">Q", len(data)) + data)
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise self._died() from None
-        return self._read_answer(timeout)
+            self._write(wire.pack(message), deadline)
+            return self._read_answer(max(deadline - time.monotonic(), 0.001))
+        finally:
+            self.reap()
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             try:
-                data = json.dumps({"op": "exit"}).encode()
-                self.proc.stdin.write(struct.pack(">Q", len(data)) + data)
-                self.proc.stdin.flush()
-            except OSError:
+                self._write(wire.pack({"op": "exit"}), time.monotonic() + 1)
+            except RunnerDied:
                 pass
         self.kill()
+        if self._scratch is not None:
+            try:
+                remove_tree(self._scratch)
+            except OSError:
+                pass
+            self._scratch = None

@@ -1,379 +1,291 @@
-"""Grade one notebook: static checks and verdicts here, the learner's code in the sandboxed runner.
+"""Grade one notebook: read it, run the learner's cells in the sandboxed kernel, judge every exercise.
 
-This module runs in the verdict process, where no learner code ever runs. It reads
-the notebook with nbformat, matches its chapter by file name, flags delegation with
-an AST pass over the learner's cells, sends the learner's cells to a sandboxed
-:class:`autograder.sandbox.Runner`, builds every check's inputs here from fresh random
-seeds, asks the runner only for the probe outputs (decoded with :func:`core.decode`,
-never unpickled) and calls the judges.
+This module runs in the verdict process, where no learner code ever runs. Its steps,
+in order (each a function below):
+
+1. :func:`read_notebook` — the bytes become a notebook, or every exercise is ``invalid``
+   with a reason that quotes nothing from the file;
+2. :func:`cells_to_run` — the learner's code cells, without the release's own test
+   cells and untouched demos;
+3. :func:`static_flags` — the static no-delegation pass (:mod:`autograder.checks.honesty`);
+4. :class:`Session` — the sandboxed kernel: start it, run the cells, restart it after a
+   cell or check that killed it (that cell is then skipped), give up only at the
+   notebook's deadline or when the kernel cannot start at all;
+5. :func:`judge` — every exercise through the one case-and-seed loop
+   (:func:`autograder.checks.core.judge_check`) with a probe that runs in the kernel and
+   inputs built here from fresh random seeds; outputs are read with
+   :mod:`autograder.wire` (never unpickled) and judged here.
 """
 
 from __future__ import annotations
 
 import ast
-import hashlib
-import importlib
-import re
+import functools
+import json
 import secrets
-import shutil
-import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
-import torch
 
-from autograder import sandbox
-from autograder.checks import core
+from autograder import registry, sandbox, status, wire
+from autograder.checks import core, honesty
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-SOURCE_DIR = PACKAGE_DIR / "source"
-RELEASE_DIR = PACKAGE_DIR.parent / "course"
-STATUSES = ("passed", "failed", "error", "timeout", "memory", "crashed", "missing", "invalid", "flagged")
-_CHECKS_IMPORT = re.compile(r"from\s+autograder\.checks\s+import\s+(\w+)")
+RUNNER_STATUS = {"timeout": status.TIMEOUT, "memory": status.MEMORY, "crashed": status.CRASHED,
+                 "output": status.ERROR, "start": status.CRASHED}
 
 
-@dataclass
-class Chapter:
-    name: str  # "01_attention_by_hand"
-    module: str  # the checks and solutions module: "attention"
-    exercises: list[core.Exercise]  # graded exercises, in notebook order
-    release_cells: dict[str, bool]  # source of each release code cell -> is it a test cell
-    release_sources: set[str] = field(default_factory=set)
+def row(exercise: registry.Exercise, status_: str, reason: str = "") -> dict:
+    """One grades.csv row for ``exercise``: points only when passed."""
+    return {"exercise": exercise.name, "points": exercise.points if status_ == status.PASSED else 0,
+            "max_points": exercise.points, "status": status_, "reason": reason}
 
 
-def load_chapters(source_dir: Path = SOURCE_DIR, release_dir: Path = RELEASE_DIR) -> dict[str, Chapter]:
-    """The chapters whose source notebook and release exist, keyed by name."""
-    chapters = {}
-    if not Path(source_dir).is_dir():
-        return chapters
-    for folder in sorted(Path(source_dir).iterdir()):
-        nb_path = folder / f"{folder.name}.ipynb"
-        release_path = Path(release_dir) / folder.name / f"{folder.name}.ipynb"
-        if not nb_path.is_file() or not release_path.is_file():
-            continue
-        nb = nbformat.read(nb_path, as_version=4)
-        module, grade_ids = None, []
-        for cell in nb.cells:
-            meta = cell.get("metadata", {}).get("nbgrader", {})
-            if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
-                found = _CHECKS_IMPORT.search(cell.source)
-                module = module or (found.group(1) if found else None)
-                grade_ids.append(meta.get("grade_id", ""))
-        if module is None:
-            continue
-        checks = importlib.import_module(f"autograder.checks.{module}")
-        exercises = [checks.EXERCISES[g.removesuffix("_tests")] for g in grade_ids
-                     if g.removesuffix("_tests") in checks.EXERCISES]
-        release = nbformat.read(release_path, as_version=4)
-        cells = {}
-        for cell in release.cells:
-            if cell.cell_type != "code":
-                continue
-            meta = cell.get("metadata", {}).get("nbgrader", {})
-            if meta.get("solution"):
-                continue
-            cells[cell.source] = bool(meta.get("grade"))
-        chapters[folder.name] = Chapter(folder.name, module, exercises, cells)
-    return chapters
+def rows_for_all(chapter: registry.Chapter, status_: str, reason: str) -> list[dict]:
+    return [row(ex, status_, reason) for ex in chapter.exercises]
 
 
-def chapter_of(path: Path, chapters: dict[str, Chapter]) -> Chapter | None:
-    return chapters.get(Path(path).stem)
+# --- 1. read ---------------------------------------------------------------------------
 
 
-# --- static pass -------------------------------------------------------------------
+class NotANotebook(ValueError):
+    """The file is not a notebook; the message never quotes the file's content."""
 
 
-def _defines(tree: ast.AST, name: str) -> bool:
-    for node in getattr(tree, "body", []):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-            return True
-        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for t in targets:
-                if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(t)):
-                    return True
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            if any((a.asname or a.name.split(".")[0]) == name for a in node.names):
-                return True
-    return False
-
-
-def _parse(source: str) -> ast.AST | None:
-    lines = [("pass  # " + line) if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+def read_notebook(data: bytes) -> nbformat.NotebookNode:
     try:
-        return ast.parse("\n".join(lines))
-    except SyntaxError:
-        return None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise NotANotebook(f"the file is not UTF-8 text (byte {err.start})") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise NotANotebook(f"the file is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
+    except RecursionError:
+        raise NotANotebook("the file is JSON nested too deeply to be a notebook") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list):
+        raise NotANotebook("the file is JSON but not a notebook (no list of cells)")
+    try:
+        nb = nbformat.reads(text, as_version=4)
+        nbformat.validate(nb)
+    except RecursionError:
+        raise NotANotebook("the file is JSON nested too deeply to be a notebook") from None
+    except Exception as err:  # noqa: BLE001 — nbformat's messages quote the content: say only where
+        where = "/".join(str(p) for p in list(getattr(err, "absolute_path", []) or [])[:6])
+        raise NotANotebook("the file is JSON but not a valid notebook (nbformat 4)"
+                           + (f"; the problem is at {where}" if where else "")) from None
+    return nb
 
 
-def _solutions_imports(tree: ast.AST, module: str) -> tuple[set[str], bool]:
-    """Names bound to the chapter's solutions module or its members, and whether it is imported at all."""
-    names, imported = set(), False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                if a.name == f"solutions.{module}" or a.name.startswith(f"solutions.{module}."):
-                    imported = True
-                    names.add(a.asname or "solutions")
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == f"solutions.{module}" or node.module.startswith(f"solutions.{module}."):
-                imported = True
-                names.update(a.asname or a.name for a in node.names)
-            elif node.module == "solutions":
-                for a in node.names:
-                    if a.name == module:
-                        imported = True
-                        names.add(a.asname or a.name)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("__import__",):
-            if any(isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("solutions")
-                   for a in node.args):
-                imported = True
-    return names, imported
+# --- 2. which cells run --------------------------------------------------------------
 
 
-def _annotation_nodes(tree: ast.AST) -> set[int]:
-    """ids of every node inside a type annotation (naming a class there is not calling it)."""
-    roots = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.arg) and node.annotation is not None:
-            roots.append(node.annotation)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
-            roots.append(node.returns)
-        elif isinstance(node, ast.AnnAssign):
-            roots.append(node.annotation)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
-                "isinstance", "issubclass") and len(node.args) == 2:
-            roots.append(node.args[1])
-    return {id(n) for root in roots for n in ast.walk(root)}
+@functools.lru_cache(maxsize=32)
+def release_cells(release_path: str) -> dict[str, bool]:
+    """Source of each code cell of the release (not solution cells) -> whether it is a test cell."""
+    cells = {}
+    path = Path(release_path)
+    if not path.is_file():
+        return cells
+    for cell in nbformat.read(path, as_version=4).cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type == "code" and not meta.get("solution"):
+            cells[cell.source] = bool(meta.get("grade"))
+    return cells
 
 
-def _is_used_as_value(node: ast.AST, tree: ast.AST) -> bool:
-    """Whether ``node`` is called, or bound/returned/passed (so that it can be called later)."""
-    for parent in ast.walk(tree):
-        for child in ast.iter_child_nodes(parent):
-            if child is node:
-                return not isinstance(parent, ast.Attribute)  # `F.softmax` inside `F.softmax.__doc__` etc.
-    return True
+def _code_cells(nb) -> list[tuple[int, str]]:
+    return [(i, c.source) for i, c in enumerate(nb.cells)
+            if c.get("cell_type") == "code" and isinstance(c.get("source"), str)]
 
 
-def flag_reasons(exercise: core.Exercise, cells: list[str], module: str) -> str | None:
-    """Why ``exercise`` counts as delegated, or None: static pass over the learner's code cells."""
-    trees = [t for t in (_parse(c) for c in cells) if t is not None]
-    bound: set[str] = set()
-    for tree in trees:
-        names, imported = _solutions_imports(tree, module)
-        bound |= names
-    forbidden_from: dict[str, str] = {}
-    for tree in trees:  # names imported straight from a forbidden module: `from torch.nn.functional import softmax`
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                for a in node.names:
-                    for mod, attr in exercise.forbidden:
-                        if node.module == mod and a.name == attr:
-                            forbidden_from[a.asname or a.name] = f"{mod}.{attr}"
-    for tree in trees:
-        if not _defines(tree, exercise.target):
-            continue
-        ignored = _annotation_nodes(tree)
-        for node in ast.walk(tree):
-            if id(node) in ignored:
-                continue
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                names, imported = _solutions_imports(ast.Module(body=[node], type_ignores=[]), module)
-                if imported:
-                    return f"uses solutions.{module} instead of solving the exercise"
-            if isinstance(node, ast.Name) and node.id in bound:
-                return f"uses solutions.{module} ({node.id}) instead of solving the exercise"
-            if isinstance(node, ast.Name) and node.id in forbidden_from and _is_used_as_value(node, tree):
-                return f"delegates to {forbidden_from[node.id]}, the function the exercise asks you to write"
-            if isinstance(node, ast.Attribute) and _is_used_as_value(node, tree):
-                for mod, attr in exercise.forbidden:
-                    if node.attr == attr and not mod.startswith("solutions"):
-                        return f"delegates to {mod}.{attr}, the function the exercise asks you to write"
-                    if mod.startswith("solutions") and node.attr == attr and "solutions" in ast.unparse(node.value):
-                        return f"uses {mod}.{attr} instead of solving the exercise"
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
-                    "getattr", "__import__", "import_module", "eval", "exec"):
-                for arg in ast.walk(node):
-                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                        for mod, attr in exercise.forbidden:
-                            if attr in arg.value and not mod.startswith("solutions"):
-                                return f"delegates to {mod}.{attr} (by name), the function the exercise asks you to write"
-                        if arg.value.startswith("solutions"):
-                            return f"uses solutions.{module} instead of solving the exercise"
-    return None
-
-
-# --- grading -----------------------------------------------------------------------
-
-
-def _row(exercise: core.Exercise | None, points: float, status: str, reason: str) -> dict:
-    return {"exercise": exercise.name if exercise else "-", "points": points,
-            "max_points": exercise.points if exercise else 0, "status": status, "reason": reason}
-
-
-def _cells_to_run(nb, chapter: Chapter) -> list[tuple[int, str]]:
-    """The learner's code cells that are run: all except release test cells and release demos left untouched."""
+def cells_to_run(nb, release: dict[str, bool]) -> list[tuple[int, str]]:
+    """The learner's code cells that are run: all but release test cells and untouched release demos."""
     run = []
-    for i, cell in enumerate(nb.cells):
-        if cell.get("cell_type") != "code" or not isinstance(cell.get("source"), str):
-            continue
-        src = cell.source
-        if src in chapter.release_cells:
-            if chapter.release_cells[src]:
+    for i, src in _code_cells(nb):
+        if src in release:
+            if release[src]:
                 continue  # an unchanged test cell: verdicts never come from the notebook's own tests
-            tree = _parse(src)
-            keeps = tree is None or any(isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef))
-                                        for n in getattr(tree, "body", [])) or "%" in src
+            tree = honesty.parse(src)
+            keeps = tree is None or "%" in src or any(
+                isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)) for n in tree.body)
             if not keeps:
                 continue  # an unchanged demo: nothing a graded exercise can depend on
         run.append((i, src))
     return run
 
 
-def _status_of_error(answer: dict) -> tuple[str, str]:
-    kind, message = str(answer.get("type", "Error")), str(answer.get("error", ""))[:300]
-    if kind == "Missing":
-        return "missing", message
-    if kind == "NotImplementedError":
-        return "missing", "not implemented yet (still raises NotImplementedError)"
-    if kind == "MemoryError" or "can't allocate memory" in message or "Cannot allocate memory" in message:
-        return "memory", f"ran out of memory: {kind}: {message}"
-    return "error", f"your code raised {kind}: {message}"
-
-
-def grade_notebook(path: Path, chapters: dict[str, Chapter], *, level: str = "hidden",
-                   limits: sandbox.Limits = sandbox.Limits(), hide: list[Path] = (),
-                   isolation: str | None = None, unprivileged: bool = True) -> list[dict]:
-    """Rows (exercise, points, max_points, status, reason) for the notebook at ``path``."""
-    path = Path(path)
-    chapter = chapter_of(path, chapters)
-    if chapter is None:
-        names = ", ".join(f"{n}.ipynb" for n in chapters)
-        return [_row(None, 0, "invalid", f"unknown notebook name {path.name!r}; expected one of {names}")]
-    raw = path.read_bytes()
-    try:
-        nb = nbformat.reads(raw.decode("utf-8"), as_version=4)
-        nbformat.validate(nb)
-    except Exception as err:  # malformed JSON or not a notebook
-        reason = f"the notebook is not valid ({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})"
-        return [_row(ex, 0, "invalid", reason) for ex in chapter.exercises]
-
-    cells = _cells_to_run(nb, chapter)
-    student_cells = [c.source for c in nb.cells if c.get("cell_type") == "code" and isinstance(c.get("source"), str)]
-    flags = {ex.name: flag_reasons(ex, student_cells, chapter.module) for ex in chapter.exercises}
-    owner = {}  # cell index -> exercises whose target the cell defines
+def syntax_errors(cells: list[tuple[int, str]]) -> dict[int, str]:
+    """Cell index -> "line L: message" for every cell Python cannot parse."""
+    found = {}
     for i, src in cells:
-        tree = _parse(src)
-        for ex in chapter.exercises:
-            if tree is not None and _defines(tree, ex.target):
-                owner.setdefault(i, []).append(ex.name)
-
-    scratch = Path(tempfile.mkdtemp(prefix="tdd-sandbox-"))
-    results: dict[str, dict] = {}
-    deadline = time.monotonic() + limits.notebook_seconds
-    killed: dict[int, tuple[str, str]] = {}
-    runner = sandbox.Runner(limits, scratch, hide=list(hide) + sandbox.hidden_paths(chapter.module),
-                            unprivileged=unprivileged, **({"level": isolation} if isolation else {}))
-    try:
-        shutil.copyfile(path, scratch / path.name)
-
-        def start() -> None:
-            """(Re)start the runner and run every cell except the ones that killed it."""
-            while True:
-                try:
-                    runner.start()
-                    for i, src in cells:
-                        if i in killed:
-                            continue
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            raise sandbox.RunnerDied("timeout", "the notebook ran longer than its time limit")
-                        try:
-                            runner.request({"op": "cell", "source": src}, min(limits.cell_seconds, left))
-                        except sandbox.RunnerDied as died:
-                            if deadline - time.monotonic() <= 0:
-                                raise
-                            killed[i] = (died.kind, str(died))
-                            break
-                    else:
-                        return
-                except sandbox.RunnerDied:
-                    if deadline - time.monotonic() <= 0:
-                        raise
-                    if not runner.proc and len(killed) > len(cells):
-                        raise
-
-        notebook_dead: tuple[str, str] | None = None
-        try:
-            start()
-        except sandbox.RunnerDied as died:
-            notebook_dead = (died.kind, str(died))
-        for i, (kind, message) in killed.items():
-            for name in owner.get(i, []):
-                results[name] = _died_row(kind, f"the cell that defines it was stopped: {message}")
-        for ex in chapter.exercises:
-            if ex.name in results:
-                continue
-            if flags[ex.name]:
-                results[ex.name] = {"points": 0, "status": "flagged", "reason": flags[ex.name]}
-                continue
-            if notebook_dead:
-                results[ex.name] = _died_row(*notebook_dead)
-                continue
+        if honesty.parse(src) is None:
+            lines = [("pass  # " + line) if line.lstrip().startswith(("%", "!")) else line for line in src.splitlines()]
             try:
-                results[ex.name] = _judge_exercise(runner, ex, level, limits, deadline)
+                compile("\n".join(lines), f"cell {i}", "exec", dont_inherit=True)
+                found[i] = "cannot be parsed"
+            except SyntaxError as err:
+                found[i] = f"line {err.lineno}: {err.msg}"
+            except (ValueError, RecursionError, MemoryError) as err:
+                found[i] = type(err).__name__
+    return found
+
+
+# --- 3. static flags -------------------------------------------------------------------
+
+
+def static_flags(chapter: registry.Chapter, nb) -> dict[str, str | None]:
+    sources = [src for _, src in _code_cells(nb)]
+    checks = chapter.load_checks()
+    return {ex.name: honesty.delegation(sources, ex.target, checks[ex.name].forbidden, chapter.answers)
+            for ex in chapter.exercises}
+
+
+# --- 4. the kernel ---------------------------------------------------------------------
+
+
+class Session:
+    """The learner's cells in one sandboxed kernel, restarted without the cell that killed it."""
+
+    def __init__(self, runner: sandbox.Runner, cells: list[tuple[int, str]], limits: sandbox.Limits):
+        self.runner, self.cells, self.limits = runner, cells, limits
+        self.deadline = time.monotonic() + limits.notebook_seconds
+        self.killed: dict[int, sandbox.RunnerDied] = {}  # cell index -> what stopped it
+        self.dead: sandbox.RunnerDied | None = None  # set when the notebook cannot go on
+
+    def time_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def out_of_time(self) -> sandbox.RunnerDied:
+        return sandbox.RunnerDied("timeout", f"the notebook ran longer than its {self.limits.notebook_seconds:g} s limit")
+
+    def boot(self) -> None:
+        """Start the kernel and run every cell that did not kill it before; sets ``dead`` on failure."""
+        while self.dead is None:
+            if self.time_left() <= 0:
+                self.dead = self.out_of_time()
+                return
+            try:
+                self.runner.start()
             except sandbox.RunnerDied as died:
-                results[ex.name] = _died_row(died.kind, str(died))
-                try:
-                    start()
-                except sandbox.RunnerDied as again:
-                    notebook_dead = (again.kind, str(again))
+                self.dead = died  # a kernel that cannot start will not start on a retry either
+                return
+            if self._run_cells():
+                return
+
+    def _run_cells(self) -> bool:
+        """Run the cells in order; False when one killed the kernel (recorded, so the next boot skips it)."""
+        for i, src in self.cells:
+            if i in self.killed:
+                continue
+            left = self.time_left()
+            if left <= 0:
+                self.dead = self.out_of_time()
+                return True
+            try:
+                self.runner.request({"op": "cell", "source": src}, min(self.limits.cell_seconds, left))
+            except sandbox.RunnerDied as died:
+                if self.time_left() <= 0:
+                    self.dead = self.out_of_time()
+                    return True
+                self.killed[i] = died
+                return False
+        return True
+
+    def probe(self, exercise: registry.Exercise, forbidden: tuple[str, ...], answer_files: tuple[str, ...]) -> core.Probe:
+        """A probe for :func:`core.judge_check` that calls the learner's object in the kernel."""
+
+        def call(case: core.Case, inputs: dict) -> core.ProbeResult:
+            if self.dead is not None:
+                raise core.ProbeError(RUNNER_STATUS.get(self.dead.kind, status.CRASHED), str(self.dead))
+            left = self.time_left()
+            if left <= 0:
+                raise core.ProbeError(status.TIMEOUT, str(self.out_of_time()))
+            try:
+                encoded = wire.encode_value(inputs)
+                answer = self.runner.request(
+                    {"op": "probe", "target": exercise.target, "probe": case.probe, "inputs": encoded,
+                     "forbidden": list(forbidden), "answer_files": list(answer_files)},
+                    min(self.limits.cell_seconds, left))
+            except sandbox.RunnerDied as died:
+                self.boot()  # the next exercises get a live kernel
+                raise core.ProbeError(RUNNER_STATUS.get(died.kind, status.CRASHED), str(died)) from None
+            return core.result_from_answer(answer)
+
+        return call
+
+
+# --- 5. judge ----------------------------------------------------------------------------
+
+
+def fresh_seeds(level: str):
+    """The grader's seeds: 0 for the visible level (as the notebook), else three fresh random ones per case."""
+    if level == "visible":
+        return lambda case: [0]
+    return lambda case: [secrets.randbits(62) for _ in range(3)]
+
+
+def judge(chapter: registry.Chapter, session: Session, flags: dict[str, str | None],
+          owners: dict[str, int], syntax: dict[int, str], level: str) -> list[dict]:
+    checks = chapter.load_checks()
+    answer_files = chapter.answer_files()
+    rows = []
+    for ex in chapter.exercises:
+        cell = owners.get(ex.name)
+        if cell is not None and cell in session.killed:
+            died = session.killed[cell]
+            rows.append(row(ex, RUNNER_STATUS.get(died.kind, status.CRASHED),
+                            f"the cell that defines it was stopped: {died}"))
+            continue
+        if flags.get(ex.name):
+            rows.append(row(ex, status.FLAGGED, f"not accepted: your code {flags[ex.name]}"))
+            continue
+        verdict = core.judge_check(checks[ex.name], session.probe(ex, checks[ex.name].forbidden, answer_files),
+                                   fresh_seeds(level), level=level)
+        if verdict.status == status.MISSING and syntax and "is not defined" in verdict.reason:
+            cell_index, message = _syntax_error_for(ex.target, syntax, session.cells)
+            verdict = core.Verdict(status.ERROR, f"cell {cell_index} has a syntax error ({message}), so "
+                                                 f"{ex.target} was never defined")
+        rows.append(row(ex, verdict.status, verdict.reason))
+    return rows
+
+
+def _syntax_error_for(target: str, syntax: dict[int, str], cells: list[tuple[int, str]]) -> tuple[int, str]:
+    sources = dict(cells)
+    for i, message in syntax.items():
+        if f"def {target}" in sources.get(i, "") or f"class {target}" in sources.get(i, ""):
+            return i, message
+    first = min(syntax)
+    return first, syntax[first]
+
+
+# --- all steps -------------------------------------------------------------------------
+
+
+def grade_notebook(data: bytes, chapter: registry.Chapter, *, level: str = "hidden",
+                   limits: sandbox.Limits = sandbox.Limits(), hide: list[Path] = (),
+                   isolation: str | None = None, unprivileged: bool = True,
+                   course_dir: Path = registry.COURSE_DIR) -> list[dict]:
+    """Rows (exercise, points, max_points, status, reason) of every exercise of ``chapter`` for ``data``."""
+    try:
+        nb = read_notebook(data)
+    except NotANotebook as err:
+        return rows_for_all(chapter, status.INVALID, f"the notebook could not be read: {err}")
+    cells = cells_to_run(nb, release_cells(str(chapter.release_path(course_dir))))
+    flags = static_flags(chapter, nb)
+    owners = {}
+    for i, src in cells:
+        tree = honesty.parse(src)
+        for ex in chapter.exercises:
+            if tree is not None and honesty.defines(tree, ex.target):
+                owners.setdefault(ex.name, i)
+    runner = sandbox.Runner(limits, hide=list(hide) + sandbox.hidden_paths(chapter), unprivileged=unprivileged,
+                            **({"level": isolation} if isolation else {}))
+    session = Session(runner, cells, limits)
+    try:
+        session.boot()
+        if session.dead is not None and session.dead.kind == "start":
+            return rows_for_all(chapter, status.CRASHED, str(session.dead))
+        return judge(chapter, session, flags, owners, syntax_errors(cells), level)
     finally:
         runner.close()
-        shutil.rmtree(scratch, ignore_errors=True)
-    return [{"exercise": ex.name, "max_points": ex.points, **results[ex.name]} for ex in chapter.exercises]
-
-
-def _died_row(kind: str, message: str) -> dict:
-    status = {"timeout": "timeout", "memory": "memory", "crashed": "crashed", "output": "error"}.get(kind, "crashed")
-    return {"points": 0, "status": status, "reason": message}
-
-
-def _judge_exercise(runner: sandbox.Runner, ex: core.Exercise, level: str, limits: sandbox.Limits,
-                    deadline: float) -> dict:
-    cases = ex.visible if level == "visible" else ex.visible + ex.hidden
-    seeds = 1 if level == "visible" else 3
-    for case in cases:
-        for _ in range(seeds):
-            seed = 0 if level == "visible" else secrets.randbits(62)
-            inputs = case.inputs(torch.Generator().manual_seed(seed))
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise sandbox.RunnerDied("timeout", "the notebook ran longer than its time limit")
-            answer = runner.request({"op": "probe", "target": ex.target, "probe": case.probe,
-                                     "inputs": core.encode(inputs)}, min(limits.cell_seconds, left))
-            if not answer.get("ok"):
-                status, reason = _status_of_error(answer)
-                return {"points": 0, "status": status, "reason": f"{case.name}: {reason}"}
-            try:
-                outputs = core.decode(answer.get("outputs", ""))
-                if not isinstance(outputs, dict):
-                    raise ValueError("the probe did not return a dict")
-            except ValueError as err:
-                return {"points": 0, "status": "error", "reason": f"{case.name}: unreadable outputs ({err})"}
-            try:
-                case.judge(inputs, outputs)
-            except core.CheckFailed as err:
-                return {"points": 0, "status": "failed", "reason": f"{case.name}: {err}"}
-            except Exception as err:  # the outputs were not what the judge could read: a wrong answer
-                return {"points": 0, "status": "failed",
-                        "reason": f"{case.name}: your output could not be checked ({type(err).__name__}: {err})"[:400]}
-    return {"points": ex.points, "status": "passed", "reason": ""}
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -120,8 +120,8 @@ def build(root: Path, source_dir: Path, chapters: tuple[str, ...] = (CH1,)) -> d
     full = expect(CH1_POINTS)
     add("honest", solved(CH1, source_dir), full)
     for chapter in chapters[1:]:
-        from autograder import verdict
-        exercises = verdict.load_chapters(source_dir)[chapter].exercises
+        from autograder import registry
+        exercises = registry.get(chapter).exercises
         add("honest", solved(chapter, source_dir), expect({e.name: e.points for e in exercises}),
             name=f"{chapter}.ipynb")
     add("untouched", release(CH1), {ex: [0, "missing"] for ex in CH1_POINTS})
@@ -198,6 +198,8 @@ def build(root: Path, source_dir: Path, chapters: tuple[str, ...] = (CH1,)) -> d
     invalid = {ex: [0, "invalid"] for ex in CH1_POINTS}
     add("malformed_json", None, invalid, raw=b'{"cells": [ {"cell_type": "code", "source": "x = ')
     add("wrong_name", solved(CH1, source_dir), {"-": [0, "invalid"]}, name="attention_homework.ipynb")
+    # ... and the chapter it should have been shows 0 of its points, never 0/0
+    manifest[f"wrong_name/{CH1}.ipynb"] = {ex: [0, "missing"] for ex in CH1_POINTS}
 
     # reading what must stay hidden: a correct padding_mask only if a sentinel was found
     nb = wrong_padding()
