@@ -116,6 +116,39 @@ def scaled_dot_product_attention(
     return output, weights
 
 
+def tiled_attention(
+    q: Float[Tensor, "... seq_q d_head"],
+    k: Float[Tensor, "... seq_k d_head"],
+    v: Float[Tensor, "... seq_k d_head"],
+    block_size: int = 64,
+) -> Float[Tensor, "... seq_q d_head"]:
+    """Exact softmax(q kᵀ / √d_k) v, reading the keys block by block with an online softmax.
+
+    FlashAttention's core idea: never hold the ``(seq_q, seq_k)`` scores, only
+    ``(seq_q, block_size)`` of them, and a running max, sum and output per query.
+    """
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int; got {block_size!r}")
+    if k.shape[-2] != v.shape[-2] or k.shape[-2] < 1:
+        raise ValueError(f"k and v must have the same seq_k >= 1; got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    q = q * (1.0 / math.sqrt(q.shape[-1]))
+    running_max = torch.full((*q.shape[:-1], 1), -math.inf, dtype=q.dtype, device=q.device)
+    running_sum = torch.zeros((*q.shape[:-1], 1), dtype=q.dtype, device=q.device)
+    output = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
+    for start in range(0, k.shape[-2], block_size):
+        k_block, v_block = k[..., start : start + block_size, :], v[..., start : start + block_size, :]
+        scores = einsum(q, k_block, "... seq_q d_head, ... seq_k d_head -> ... seq_q seq_k")
+        new_max = torch.maximum(running_max, scores.amax(dim=-1, keepdim=True))
+        # What was summed under the old max is worth exp(old - new) as much under the new one
+        # (0 for the first block, whose old max is -inf).
+        rescale = (running_max - new_max).exp()
+        p = (scores - new_max).exp()
+        running_sum = running_sum * rescale + p.sum(dim=-1, keepdim=True)
+        output = output * rescale + einsum(p, v_block, "... seq_q seq_k, ... seq_k d_head -> ... seq_q d_head")
+        running_max = new_max
+    return output / running_sum
+
+
 def flash_available() -> bool:
     """True when the flash-attn package is installed and a CUDA device is present."""
     return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None

@@ -8,9 +8,11 @@ which shrinks the K/V projections and the KV cache by ``n_heads / n_kv_heads``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
-from einops import rearrange, repeat
+from einops import einsum, rearrange, repeat
 from einops.layers.torch import Rearrange
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
@@ -70,6 +72,33 @@ def attention_parameter_count(d_model: int, n_heads: int, n_kv_heads: int | None
     kv_dim = n_kv_heads * (d_model // n_heads)
     in_features = d_model + 2 * kv_dim  # W_Q is full width; W_K and W_V shrink with n_kv_heads
     return d_model * in_features + d_model * d_model + (in_features + d_model if bias else 0)
+
+
+def query_gradient_norm(
+    x: Float[Tensor, "batch seq d_model"],
+    w_q: Float[Tensor, "d_model d_head"],
+    w_k: Float[Tensor, "d_model d_head"],
+    w_v: Float[Tensor, "d_model d_head"],
+    target: Float[Tensor, "batch seq d_head"],
+    *,
+    scaled: bool = True,
+) -> float:
+    """‖∂L/∂W_Q‖ for one head, L = mean((softmax(q kᵀ · s) v - target)²), s = 1/√d_head or 1 (``scaled=False``)."""
+    if x.dim() != 3 or not w_q.shape == w_k.shape == w_v.shape == (x.shape[-1], w_q.shape[-1]):
+        raise ValueError(
+            f"x must be (batch, seq, d_model) and w_q, w_k, w_v (d_model, d_head); got x {tuple(x.shape)}, "
+            f"w_q {tuple(w_q.shape)}, w_k {tuple(w_k.shape)}, w_v {tuple(w_v.shape)}"
+        )
+    w_q = w_q.detach().requires_grad_(True)  # our own leaf: the caller's tensor is left alone
+    with torch.enable_grad():  # a measurement must work even when called under torch.no_grad()
+        q, k, v = x @ w_q, x @ w_k, x @ w_v
+        scores = einsum(q, k, "batch seq_q d_head, batch seq_k d_head -> batch seq_q seq_k")
+        if scaled:
+            scores = scores / math.sqrt(q.shape[-1])
+        out = einsum(scores.softmax(dim=-1), v, "batch seq_q seq_k, batch seq_k d_head -> batch seq_q d_head")
+        loss = (out - target).pow(2).mean()
+        (grad,) = torch.autograd.grad(loss, w_q)
+    return grad.norm().item()
 
 
 class MultiHeadAttention(nn.Module):

@@ -115,6 +115,24 @@ def apply_rope(
     return rearrange(rotated, "... seq half two -> ... seq (half two)")
 
 
+def apply_rope_complex(
+    x: Float[Tensor, "batch heads seq d_head"], start_pos: int = 0, base: float = 10000.0
+) -> Float[Tensor, "batch heads seq d_head"]:
+    """:func:`apply_rope` by complex multiplication: the pair ``(x[2i], x[2i+1])`` is the number
+    ``x[2i] + i·x[2i+1]``, and turning it by ``θ`` is multiplying it by ``e^{iθ}``."""
+    if x.dim() != 4:
+        raise ValueError(f"x must be (batch, heads, seq, d_head); got shape {tuple(x.shape)}")
+    if x.shape[-1] % 2:
+        raise ValueError(f"d_head={x.shape[-1]} must be even: RoPE rotates pairs of dimensions")
+    if not isinstance(start_pos, int) or start_pos < 0:
+        raise ValueError(f"start_pos must be a non-negative int; got {start_pos!r}")
+    angle = rope_angles(x.shape[-2], x.shape[-1], start_pos, base).to(x.device)
+    turn = torch.polar(torch.ones_like(angle), angle)  # e^{iθ} = cos θ + i·sin θ
+    real = x if x.dtype in (torch.float32, torch.float64) else x.float()  # complex numbers need float32/64
+    pairs = torch.view_as_complex(rearrange(real, "... seq (half two) -> ... seq half two", two=2).contiguous())
+    rotated = pairs * turn.to(pairs.dtype)
+    return rearrange(torch.view_as_real(rotated), "... seq half two -> ... seq (half two)").to(x.dtype)
+
 def alibi_slopes(n_heads: int) -> Float[Tensor, "heads"]:
     """The ALiBi paper's geometric slopes: for 8 heads 1/2, 1/4, …, 1/256.
 

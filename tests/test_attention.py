@@ -17,6 +17,7 @@ from solutions.attention import (
     padding_mask,
     scaled_dot_product_attention,
     softmax,
+    tiled_attention,
 )
 
 SHAPES = [(1, 1, 3, 3, 4), (2, 4, 5, 7, 8), (3, 2, 6, 6, 16)]  # batch, heads, seq_q, seq_k, d_head
@@ -302,3 +303,53 @@ def test_attention_bad_mask_raises(mask, match):
 def test_scaled_dot_product_attention_rejects_k_v_length_mismatch():
     with pytest.raises(ValueError, match="seq_k"):
         scaled_dot_product_attention(torch.randn(1, 1, 2, 4), torch.randn(1, 1, 3, 4), torch.randn(1, 1, 4, 4))
+
+
+# --- tiled_attention ---
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("block_size", [1, 2, 3, 64])
+def test_tiled_attention_matches_sdpa(shape, block_size):
+    q, k, v = qkv(*shape, seed=block_size)
+    torch.testing.assert_close(tiled_attention(q, k, v, block_size), F.scaled_dot_product_attention(q, k, v),
+                               atol=1e-5, rtol=1e-4)
+
+
+def test_tiled_attention_large_scores_stay_finite_and_exact():
+    # Rows whose scores are all around +2000 (exp overflows) or all around -2000 (exp underflows to 0).
+    q, k, v = qkv(1, 2, 6, 23, 4, seed=3, dtype=torch.float64)
+    sign = torch.tensor([1.0, -1.0] * 3, dtype=torch.float64)[:, None]
+    q, k = q.abs() * sign * 40, k.abs() * 40
+    out = tiled_attention(q, k, v, block_size=5)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), atol=1e-10, rtol=1e-8)
+
+
+def test_tiled_attention_never_builds_the_score_matrix():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    Largest.largest = max(Largest.largest, t.numel())
+            return out
+
+    q, k, v = qkv(1, 2, 8, 256, 4, seed=0)
+    with Largest():
+        tiled_attention(q, k, v, block_size=16)
+    assert Largest.largest < 2 * 8 * 256 / 4, Largest.largest  # far below the 4096 scores of the full matrix
+    with Largest():
+        scaled_dot_product_attention(q, k, v)
+    assert Largest.largest >= 2 * 8 * 256  # the by-hand version does build it
+
+
+@pytest.mark.parametrize("block_size", [0, -1, 2.0, True])
+def test_tiled_attention_rejects_bad_block_size(block_size):
+    q, k, v = qkv(1, 1, 2, 3, 4, seed=0)
+    with pytest.raises(ValueError, match="block_size"):
+        tiled_attention(q, k, v, block_size)

@@ -13,6 +13,7 @@ from solutions.positional import (
     alibi_bias,
     alibi_slopes,
     apply_rope,
+    apply_rope_complex,
     sinusoidal_encoding,
 )
 
@@ -188,6 +189,27 @@ def test_apply_rope_slice_at_start_pos_equals_slice_of_whole():
 def test_apply_rope_rejects_bad_input(bad_call, match):
     with pytest.raises(ValueError, match=match):
         bad_call()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("start_pos, base", [(0, 10000.0), (13, 500.0)])
+def test_apply_rope_complex_equals_pairwise_rotation(dtype, start_pos, base):
+    x = torch.randn(2, 3, 40, 16, generator=torch.Generator().manual_seed(start_pos)).to(dtype)
+    out = apply_rope_complex(x, start_pos, base)
+    assert out.dtype == dtype and out.shape == x.shape
+    tol = {torch.float16: 2e-3, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]  # float16: one ulp of ~4
+    torch.testing.assert_close(out, apply_rope(x, start_pos, base), atol=tol, rtol=tol)
+
+
+def test_apply_rope_complex_leaves_input_and_rejects_bad_input():
+    x = torch.randn(1, 2, 5, 8)
+    before = x.clone()
+    apply_rope_complex(x, start_pos=3)
+    assert torch.equal(x, before)
+    with pytest.raises(ValueError, match="even"):
+        apply_rope_complex(torch.zeros(1, 1, 4, 5))
+    with pytest.raises(ValueError, match="start_pos"):
+        apply_rope_complex(x, start_pos=-1)
 
 
 # --- ALiBi ---
