@@ -116,6 +116,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             Exercise("causal_mask", 2, "solutions.attention:causal_mask"),
             Exercise("padding_mask", 1, "solutions.attention:padding_mask"),
             Exercise("scaled_dot_product_attention", 3, "solutions.attention:scaled_dot_product_attention"),
+            Exercise("tiled_attention", 3, "solutions.attention:tiled_attention"),
         ),
     ),
     Chapter(
@@ -129,6 +130,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             Exercise("MultiHeadAttention", 3, "solutions.multihead:MultiHeadAttention"),
             Exercise("attention_parameter_count", 1, "solutions.multihead:attention_parameter_count"),
             Exercise("repeat_kv_heads", 2, "solutions.multihead:repeat_kv_heads"),
+            Exercise("query_gradient_norm", 3, "solutions.multihead:query_gradient_norm"),
         ),
     ),
     Chapter(
@@ -140,6 +142,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             Exercise("sinusoidal_encoding", 2, "solutions.positional:sinusoidal_encoding"),
             Exercise("LearnedPositionalEmbedding", 2, "solutions.positional:LearnedPositionalEmbedding"),
             Exercise("apply_rope", 3, "solutions.positional:apply_rope"),
+            Exercise("apply_rope_complex", 3, "solutions.positional:apply_rope_complex"),
             Exercise("alibi_slopes", 2, "solutions.positional:alibi_slopes"),
             Exercise("alibi_bias", 2, "solutions.positional:alibi_bias"),
         ),

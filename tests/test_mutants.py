@@ -50,6 +50,27 @@ def test_mutant_fails_hidden_checks(module, mutant):
         with pytest.raises(core.CheckFailed) as err:
             core.run(chapter.checks, mutant.exercise, mutant.obj, level="hidden", seed=seed, quiet=True)
         assert str(err.value).startswith(f"{mutant.exercise}: "), str(err.value)
+        # A mutant is an honest mistake: it must be caught by the judge, not refused as delegation (a mutant
+        # that calls the library's answer would "fail" whatever the check does).
+        assert "not accepted:" not in str(err.value), f"{mutant.name} calls the library: {err.value}"
+
+
+@pytest.mark.parametrize("chapter", registry.CHAPTERS, ids=registry.ids())
+def test_mutants_mostly_caught_by_visible_checks(chapter):
+    """The notebook's own test cells (visible checks, seed 0) catch at least 90% of the chapter's mutants,
+    so the learner hears about the instructive mistakes before submitting, not as a lost point."""
+    short = chapter.checks.rsplit(".", 1)[1]
+    mutants = load_all().get(f"{short}_mutants", [])
+    missed = []
+    for mutant in mutants:
+        try:
+            core.run(chapter.checks, mutant.exercise, mutant.obj, level="visible", seed=0, quiet=True)
+        except core.CheckFailed:
+            continue
+        missed.append(mutant.name)
+    caught = len(mutants) - len(missed)
+    assert mutants and caught >= 0.9 * len(mutants), (
+        f"{chapter.id}: the visible checks catch {caught} of {len(mutants)} mutants (< 90%); not caught: {missed}")
 
 
 @pytest.mark.parametrize("chapter,exercise", EXERCISES, ids=[f"{c.id}:{e.name}" for c, e in EXERCISES])

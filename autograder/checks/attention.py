@@ -114,6 +114,28 @@ def _causal_inputs(seq_q: int | None = None, seq_k: int | None = None, *, extra:
     return inputs
 
 
+def _bad_causal_inputs(*choices: tuple[tuple[int, ...], str]):
+    """One of ``choices`` ((args, the argument the error must name)), drawn from ``gen``."""
+
+    def inputs(gen: torch.Generator) -> dict[str, Any]:
+        args, argument = choices[int(torch.randint(len(choices), (), generator=gen))]
+        return {"args": args, "argument": argument, "call": f"causal_mask{args}".replace(",)", ")")}
+
+    return inputs
+
+
+def _judge_value_error(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+    """The call must raise a ValueError whose message names ``inputs["argument"]``."""
+    argument, error, call = inputs["argument"], outputs["error"], inputs["call"]
+    if error is None:
+        fail(f"{call} must raise ValueError naming {argument}, but your code returned a result: check the "
+             "arguments first and say what to pass instead")
+    if error["type"] != "ValueError":
+        fail(f"{call} must raise ValueError naming {argument}; your code raised {error['type']}: {error['message']}")
+    if argument not in error["message"]:
+        fail(f"{call}: your ValueError should name {argument} and say what to pass; it said {error['message']!r}")
+
+
 def _judge_causal(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
     seq_q = inputs["args"][0]
     seq_k = inputs["args"][1] if len(inputs["args"]) > 1 else seq_q
@@ -305,18 +327,127 @@ def _judge_grads(inputs: dict[str, Any], outputs: dict[str, Any], ref_out: torch
         expect_close(g, r.to(q.dtype), f"the gradient with respect to {name} is wrong", **tol)
 
 
+# --- tiled_attention ----------------------------------------------------------
+
+
+def _tiled_inputs(lead: tuple[int, ...], seq_q: int, seq_k: int, d_head: int, block_size: int, *,
+                  dtype: torch.dtype = torch.float32, large: bool = False):
+    """``large``: scores in the thousands, some rows all positive (exp overflows), some all negative (underflows)."""
+
+    def inputs(gen: torch.Generator) -> dict[str, Any]:
+        q = _randn(gen, *lead, seq_q, d_head, dtype=torch.float64)
+        k = _randn(gen, *lead, seq_k, d_head, dtype=torch.float64)
+        v = _randn(gen, *lead, seq_k, d_head, dtype=torch.float64)
+        if large:
+            sign = torch.ones(seq_q, 1, dtype=torch.float64)
+            sign[1::2] = -1.0  # odd queries: every score around -1000
+            q, k = q.abs() * sign * 40, k.abs() * 40
+        return {"args": (q.to(dtype), k.to(dtype), v.to(dtype)), "kwargs": {"block_size": block_size}}
+
+    return inputs
+
+
+def _tiled_bad_inputs(gen: torch.Generator) -> dict[str, Any]:
+    q, k, v = (_randn(gen, 1, 2, 4, 4) for _ in range(3))
+    block_size = (0, -8)[int(torch.randint(2, (), generator=gen))]
+    return {"args": (q, k, v), "kwargs": {"block_size": block_size}, "argument": "block_size",
+            "call": f"tiled_attention(q, k, v, block_size={block_size})"}
+
+
+def _judge_tiled(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+    q, k, v = inputs["args"]
+    block_size = inputs["kwargs"]["block_size"]
+    got = _out(outputs)
+    expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double()).to(q.dtype)
+    tol = _tol(q.dtype)
+    if not isinstance(got, torch.Tensor):
+        fail(f"return the output tensor, not {type(got).__name__}")
+    if tuple(got.shape) != tuple(expected.shape):
+        fail(f"wrong shape: got {tuple(got.shape)}, expected (..., seq_q, d_head) = {tuple(expected.shape)}")
+    if got.dtype != q.dtype:
+        fail(f"keep the input dtype: q is {q.dtype}, your output is {got.dtype}")
+    if not torch.isfinite(got).all():
+        fail("your output has NaN or inf: exp overflows (or every term underflows to 0/0) when the scores are "
+             "large. Keep a running max m per query, start it at -inf, take exp(scores - m_new), and rescale "
+             "the running sum and output by exp(m_old - m_new) when the max grows")
+    seq_k = k.shape[-2]
+    if not torch.allclose(got.double(), expected.double(), **tol):
+        whole = seq_k - seq_k % block_size
+        qd, kd, vd = q.double(), k.double(), v.double()
+        mistakes = [(math.sqrt(q.shape[-1]), "the scores are not divided by √d_k"),
+                    (1 / math.sqrt(q.shape[-1]), "the scores are divided by d_k instead of √d_k")]
+        for factor, hint in mistakes:
+            if torch.allclose(got.double(), F.scaled_dot_product_attention(qd * factor, kd, vd), **tol):
+                fail(hint)
+        if seq_k % block_size and whole and torch.allclose(
+                got.double(), F.scaled_dot_product_attention(qd, kd[..., :whole, :], vd[..., :whole, :]), **tol):
+            fail(f"the last {seq_k % block_size} keys are ignored: with seq_k={seq_k} and block_size={block_size} "
+                 "the last block is shorter; loop with range(0, seq_k, block_size)")
+        expect_close(got, expected, "your output differs from softmax(q kᵀ / √d_k) v: when the running max grows, "
+                     "multiply BOTH the running sum and the running output by exp(m_old - m_new), and divide the "
+                     "output by the running sum once, at the end", **tol)
+    largest, full = outputs.get("largest"), q[..., 0].numel() * seq_k
+    if block_size < seq_k and isinstance(largest, int) and largest >= full:
+        fail(f"your code built a tensor of {largest} numbers, as large as all the (seq_q, seq_k) scores "
+             f"({full}): that is what tiling avoids. Compute the scores of one block of block_size keys at a "
+             "time and keep only a running max, sum and output per query")
+
+
 def _case(name: str, inputs, judge, probe: str = "call") -> Case:
     return Case(name=name, inputs=inputs, probe=probe, judge=judge)
 
 
+# Visible cases check what each exercise is for (stability, alignment, the fully masked row, the pad id
+# argument...); hidden cases are the same properties on fresh seeds, shapes and dtypes, plus edge cases.
+_SCORES = (
+    _case("q kᵀ / √d_k with heads and seq_q != seq_k", _scores_inputs(2, 2, seq_q=3, seq_k=5, d_head=8), _judge_scores),
+    _case("float64 stays float64", _scores_inputs(1, seq_q=4, seq_k=2, d_head=16, dtype=torch.float64), _judge_scores),
+)
+_SOFTMAX = (
+    _case("rows of a (4, 5) matrix", _softmax_inputs(4, 5), _judge_softmax),
+    _case("large logits (around 1000) do not overflow", _softmax_inputs(3, 6, scale=10.0, offset=1000.0), _judge_softmax),
+    _case("rows on very different scales", _softmax_inputs(4, 5, scale=3.0, row_offsets=True), _judge_softmax),
+    _case("dim=0", _softmax_inputs(5, 3, dim=0), _judge_softmax),
+)
+_CAUSAL = (
+    _case("causal_mask(4)", _causal_inputs(4), _judge_causal),
+    _case("3 queries after 3 cached keys: causal_mask(3, 6) is aligned to the end", _causal_inputs(3, 6), _judge_causal),
+    _case("seq_k < seq_q raises ValueError", _bad_causal_inputs(((5, 3), "seq_k")), _judge_value_error,
+          probe="call_or_error"),
+)
+_PADDING = (
+    _case("pad_id = 0, padding on the right", _padding_inputs(3, 6), _judge_padding),
+    _case("pad_id = 3, padding on the left", _padding_inputs(4, 7, pad_id=3, left=True), _judge_padding),
+)
+_SDPA = (
+    _case("no mask, against F.scaled_dot_product_attention", _sdpa_inputs(2, 2, 4, 4, 8), _judge_sdpa),
+    _case("causal mask", _sdpa_inputs(1, 2, 5, 5, 8, mask="causal"), _judge_sdpa),
+    _case("padding mask (batch, 1, 1, seq_k), seq_q != seq_k", _sdpa_inputs(3, 2, 3, 6, 16, mask="padding"), _judge_sdpa),
+    _case("a query with every key masked", _sdpa_inputs(2, 2, 4, 5, 8, mask="full_row"), _judge_sdpa),
+    # float64: in float32, scores of 5e4 are only exact to ~0.004, so near-ties would make the
+    # reference itself disagree with a correct answer now and then.
+    _case("large scores (around -5e4) with a mask, float64",
+          _sdpa_inputs(1, 2, 4, 6, 4, mask="random", large=True, dtype=torch.float64), _judge_sdpa),
+    _case("float16 with a causal mask", _sdpa_inputs(1, 2, 4, 4, 8, mask="causal", dtype=torch.float16), _judge_sdpa),
+    _case("gradients flow to q, k and v", _sdpa_inputs(1, 2, 3, 4, 8, mask="causal", grad=True), _judge_sdpa,
+          probe="call_with_grad"),
+)
+_TILED = (
+    _case("equals F.scaled_dot_product_attention, 8 blocks of 8 keys", _tiled_inputs((1, 2), 6, 64, 4, 8),
+          _judge_tiled, probe="call_tracking_size"),
+    _case("seq_k = 40 is not a multiple of block_size = 6", _tiled_inputs((2, 1), 5, 40, 4, 6), _judge_tiled,
+          probe="call_tracking_size"),
+    _case("scores around ±2000 (float64): no overflow, no 0/0", _tiled_inputs((1, 1), 6, 24, 4, 5,
+          dtype=torch.float64, large=True), _judge_tiled, probe="call_tracking_size"),
+    _case("block_size < 1 raises ValueError", _tiled_bad_inputs, _judge_value_error, probe="call_or_error"),
+)
+
 CHECKS: dict[str, Check] = {
     "attention_scores": Check(
         name="attention_scores",
-        visible=(
-            _case("q kᵀ / √d_k for (batch=2, seq=3, d_head=8)", _scores_inputs(2, seq_q=3, seq_k=3, d_head=8), _judge_scores),
-        ),
+        visible=_SCORES,
         hidden=(
-            _case("seq_q != seq_k, with heads", _scores_inputs(2, 3, seq_q=4, seq_k=7, d_head=16), _judge_scores),
+            _case("seq_q != seq_k, d_head = 16", _scores_inputs(2, 3, seq_q=4, seq_k=7, d_head=16), _judge_scores),
             _case("float64 and d_head = 64", _scores_inputs(1, seq_q=5, seq_k=2, d_head=64, dtype=torch.float64), _judge_scores),
             _case("no batch axis", _scores_inputs(seq_q=3, seq_k=5, d_head=4), _judge_scores),
         ),
@@ -324,60 +455,60 @@ CHECKS: dict[str, Check] = {
     ),
     "softmax": Check(
         name="softmax",
-        visible=(
-            _case("rows of a (4, 5) matrix", _softmax_inputs(4, 5), _judge_softmax),
-        ),
+        visible=_SOFTMAX,
         hidden=(
-            _case("large logits (around 1000) do not overflow", _softmax_inputs(3, 6, scale=10.0, offset=1000.0), _judge_softmax),
-            _case("rows on very different scales", _softmax_inputs(4, 5, scale=3.0, row_offsets=True), _judge_softmax),
-            _case("dim=0", _softmax_inputs(5, 3, dim=0), _judge_softmax),
+            _case("logits around -1000 do not underflow to 0/0", _softmax_inputs(2, 7, scale=5.0, offset=-1000.0), _judge_softmax),
             _case("dim=1 of a 3-d tensor, float64", _softmax_inputs(2, 4, 3, dim=1, dtype=torch.float64), _judge_softmax),
+            _case("dim=-2 of a 3-d tensor", _softmax_inputs(3, 5, 2, dim=-2), _judge_softmax),
             _case("float16 logits around 100", _softmax_inputs(2, 8, scale=4.0, offset=100.0, dtype=torch.float16), _judge_softmax),
         ),
-        forbidden=("*softmax*", "softmin"),
+        forbidden=("*softmax*", "softmin", "logsumexp"),
     ),
     "causal_mask": Check(
         name="causal_mask",
-        visible=(
-            _case("causal_mask(4)", _causal_inputs(4), _judge_causal),
-        ),
+        visible=_CAUSAL,
         hidden=(
             _case("square masks of random size", _causal_inputs(), _judge_causal),
             _case("seq_q < seq_k: aligned to the end (a cache of earlier keys)", _causal_inputs(extra=3), _judge_causal),
             _case("one new query over 6 keys sees them all", _causal_inputs(1, 6), _judge_causal),
             _case("causal_mask(5, 5)", _causal_inputs(5, 5), _judge_causal),
+            _case("sizes below 1 raise ValueError", _bad_causal_inputs(((0,), "seq_q"), ((3, 0), "seq_k"), ((-2, 4), "seq_q")),
+                  _judge_value_error, probe="call_or_error"),
         ),
     ),
     "padding_mask": Check(
         name="padding_mask",
-        visible=(
-            _case("pad_id = 0, padding on the right", _padding_inputs(3, 6), _judge_padding),
-        ),
+        visible=_PADDING,
         hidden=(
-            _case("pad_id = 3, padding on the left", _padding_inputs(4, 7, pad_id=3, left=True), _judge_padding),
             _case("a row made only of padding", _padding_inputs(3, 5, all_pad_row=True), _judge_padding),
-            _case("int32 tokens, batch of one", _padding_inputs(1, 4, pad_id=1, dtype=torch.int32), _judge_padding),
+            _case("int32 tokens, batch of one, pad_id = 1", _padding_inputs(1, 4, pad_id=1, dtype=torch.int32), _judge_padding),
+            _case("pad_id = 7, padding on the right", _padding_inputs(5, 9, pad_id=7), _judge_padding),
         ),
     ),
     "scaled_dot_product_attention": Check(
         name="scaled_dot_product_attention",
-        visible=(
-            _case("no mask, against F.scaled_dot_product_attention", _sdpa_inputs(2, 2, 4, 4, 8), _judge_sdpa),
-            _case("causal mask", _sdpa_inputs(1, 2, 5, 5, 8, mask="causal"), _judge_sdpa),
-        ),
+        visible=_SDPA,
         hidden=(
-            _case("padding mask (batch, 1, 1, seq_k), seq_q != seq_k", _sdpa_inputs(3, 2, 3, 6, 16, mask="padding"), _judge_sdpa),
             _case("end-aligned causal mask, float64", _sdpa_inputs(2, 1, 3, 5, 4, mask="causal", dtype=torch.float64), _judge_sdpa),
-            _case("a query with every key masked", _sdpa_inputs(2, 2, 4, 5, 8, mask="full_row"), _judge_sdpa),
-            # float64: in float32, scores of 5e4 are only exact to ~0.004, so near-ties would make the
-            # reference itself disagree with a correct answer now and then.
-            _case("large scores (around -5e4) with a mask, float64",
-                  _sdpa_inputs(1, 2, 4, 6, 4, mask="random", large=True, dtype=torch.float64), _judge_sdpa),
-            _case("float16 with a causal mask", _sdpa_inputs(1, 2, 4, 4, 8, mask="causal", dtype=torch.float16), _judge_sdpa),
-            _case("gradients flow to q, k and v", _sdpa_inputs(1, 2, 3, 4, 8, mask="causal", grad=True), _judge_sdpa,
-                  probe="call_with_grad"),
+            _case("a random mask, seq_q != seq_k", _sdpa_inputs(2, 3, 5, 7, 8, mask="random"), _judge_sdpa),
+            _case("every key of a query masked, float64", _sdpa_inputs(1, 1, 3, 4, 4, mask="full_row",
+                                                                        dtype=torch.float64), _judge_sdpa),
         ),
-        forbidden=("*scaled_dot_product*", "*softmax*", "softmin"),
+        forbidden=("*scaled_dot_product*", "*softmax*", "softmin", "logsumexp"),
+    ),
+    "tiled_attention": Check(
+        name="tiled_attention",
+        visible=_TILED,
+        hidden=(
+            _case("one key per block", _tiled_inputs((2, 2), 5, 9, 4, 1), _judge_tiled, probe="call_tracking_size"),
+            _case("block_size larger than seq_k", _tiled_inputs((1, 3), 3, 7, 2, 16), _judge_tiled,
+                  probe="call_tracking_size"),
+            _case("no batch axis, float64", _tiled_inputs((), 7, 33, 4, 6, dtype=torch.float64), _judge_tiled,
+                  probe="call_tracking_size"),
+            _case("scores around ±2000, seq_k not a multiple of block_size", _tiled_inputs((2, 1), 8, 29, 4, 4,
+                  dtype=torch.float64, large=True), _judge_tiled, probe="call_tracking_size"),
+        ),
+        forbidden=("*scaled_dot_product*", "*softmax*", "softmin", "logsumexp"),
     ),
 }
 

@@ -99,6 +99,16 @@ def _judge_split_not_divisible(inputs: dict, outputs: dict) -> None:
     _expect_value_error(outputs, "n_heads", f"d_model={x.shape[-1]} is not divisible by n_heads={heads}")
 
 
+def _split_not_3d_inputs(gen: torch.Generator) -> dict:
+    shape = [(2, 3, 4, 8), (3, 8)][_int(gen, 0, 1)]
+    return {"args": (torch.randn(*shape, generator=gen), 2)}
+
+
+def _judge_split_not_3d(inputs: dict, outputs: dict) -> None:
+    x, _ = inputs["args"]
+    _expect_value_error(outputs, "x", f"x of shape {tuple(x.shape)} is not (batch, seq, d_model)")
+
+
 # --- merge_heads ---------------------------------------------------------------------------------
 
 
@@ -131,6 +141,16 @@ def _judge_merge(inputs: dict, outputs: dict) -> None:
             ),
         ],
     )
+
+
+def _merge_not_4d_inputs(gen: torch.Generator) -> dict:
+    shape = [(2, 3, 8), (1, 2, 3, 4, 5)][_int(gen, 0, 1)]
+    return {"args": (torch.randn(*shape, generator=gen),)}
+
+
+def _judge_merge_not_4d(inputs: dict, outputs: dict) -> None:
+    (x,) = inputs["args"]
+    _expect_value_error(outputs, "x", f"x of shape {tuple(x.shape)} is not (batch, heads, seq, d_head)")
 
 
 def _judge_merge_roundtrip(inputs: dict, outputs: dict) -> None:
@@ -390,6 +410,17 @@ def _judge_count_bad(inputs: dict, outputs: dict) -> None:
     _expect_value_error(outputs, "n_heads", f"d_model={d_model} is not divisible by n_heads={n_heads}")
 
 
+def _count_bad_kv_inputs(gen: torch.Generator) -> dict:
+    n_heads, n_kv_heads = [(8, 3), (6, 4), (12, 5)][_int(gen, 0, 2)]
+    return {"args": (n_heads * 16, n_heads), "kwargs": {"n_kv_heads": n_kv_heads}}
+
+
+def _judge_count_bad_kv(inputs: dict, outputs: dict) -> None:
+    _, n_heads = inputs["args"]
+    n_kv_heads = inputs["kwargs"]["n_kv_heads"]
+    _expect_value_error(outputs, "n_kv_heads", f"n_kv_heads={n_kv_heads} does not divide n_heads={n_heads}")
+
+
 # --- repeat_kv_heads ------------------------------------------------------------------------------
 
 
@@ -428,82 +459,165 @@ def _judge_repeat_bad(inputs: dict, outputs: dict) -> None:
     _expect_value_error(outputs, "n_heads", f"n_heads={n_heads} is not a multiple of the {x.shape[1]} K/V heads")
 
 
+# --- query_gradient_norm -------------------------------------------------------------------------
+
+
+def _grad_inputs(d_heads: tuple[int, ...], *, scaled: bool, dtype: torch.dtype = torch.float64):
+    def inputs(gen: torch.Generator) -> dict:
+        d_head = d_heads[_int(gen, 0, len(d_heads) - 1)]
+        d_model, batch, seq = 4 * _int(gen, 2, 6), _int(gen, 1, 3), _int(gen, 4, 8)
+        x = torch.randn(batch, seq, d_model, generator=gen, dtype=torch.float64)
+        # Unit-variance q and k entries: the raw scores then have variance d_head.
+        w_q, w_k, w_v = (torch.randn(d_model, d_head, generator=gen, dtype=torch.float64) / math.sqrt(d_model)
+                         for _ in range(3))
+        target = torch.randn(batch, seq, d_head, generator=gen, dtype=torch.float64)
+        return {"args": tuple(t.to(dtype) for t in (x, w_q, w_k, w_v, target)), "kwargs": {"scaled": scaled}}
+
+    return inputs
+
+
+def _grad_norm_of(args: tuple, *, scale: float, wrt: int = 1, reduction: str = "mean", detach_q: bool = False) -> float:
+    """‖∂L/∂W‖ in float64 for the weight ``args[wrt]`` (1 = W_Q, 2 = W_K), recomputed here with plain torch."""
+    x, w_q, w_k, w_v, target = (t.double() for t in args)
+    leaf = (w_q, w_k)[wrt - 1].clone().requires_grad_(True)
+    w_q, w_k = (leaf, w_k) if wrt == 1 else (w_q, leaf)
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    weights = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1)
+    error = (weights @ v - target).pow(2)
+    loss = error.mean() if reduction == "mean" else error.sum()
+    (grad,) = torch.autograd.grad(loss, leaf)
+    return grad.norm().item()
+
+
+def _judge_grad(inputs: dict, outputs: dict) -> None:
+    args, scaled = inputs["args"], inputs["kwargs"]["scaled"]
+    d_head = args[1].shape[-1]
+    got = outputs["out"]
+    if isinstance(got, Tensor):
+        fail(f"return a Python float (grad.norm().item()), not a tensor of shape {tuple(got.shape)}")
+    if isinstance(got, bool) or not isinstance(got, (float, int)):
+        fail(f"return a Python float, got {type(got).__name__}")
+    rtol = 1e-6 if args[0].dtype == torch.float64 else 1e-3
+    scale = 1 / math.sqrt(d_head) if scaled else 1.0
+    expected = _grad_norm_of(args, scale=scale)
+
+    def near(value: float) -> bool:
+        return abs(got - value) <= rtol * abs(value) + 1e-12
+
+    if near(expected):
+        return
+    flag = f"scaled={scaled}, d_head={d_head}"
+    for candidate, hint in (
+        (_grad_norm_of(args, scale=1.0), "the scores are not divided by √d_head, but scaled=True asks for it"),
+        (_grad_norm_of(args, scale=1 / math.sqrt(d_head)),
+         "the scores are divided by √d_head although scaled=False: only scale when `scaled` is True"),
+        (_grad_norm_of(args, scale=1 / d_head), "the scores are divided by d_head instead of √d_head"),
+        (_grad_norm_of(args, scale=scale, reduction="sum"),
+         "your loss is a sum: use the mean of the squared error, (out - target).pow(2).mean()"),
+        (_grad_norm_of(args, scale=scale, wrt=2), "that is the gradient reaching W_K; measure the one reaching W_Q"),
+    ):
+        if near(candidate) and not near(expected):
+            fail(f"{flag}: {hint}")
+    if got == 0:
+        fail(f"{flag}: no gradient reached W_Q: do not detach q or the weights, and do not compute them under "
+             "torch.no_grad()")
+    fail(f"{flag}: ‖∂L/∂W_Q‖ should be {expected:.6g}, you returned {got:.6g}; L = mean((softmax(q kᵀ · s) v - "
+         "target)²) with q = x W_Q, k = x W_K, v = x W_V")
+
+
+def _mha_case(name: str, what: str, **kwargs) -> Case:
+    return Case(name, lambda g: _mha_inputs(g, **kwargs), "module_forward", lambda i, o: _judge_mha(i, o, what=what))
+
+
+# Visible cases check what each exercise is for (the layout, the errors the text asks for, cross-attention,
+# dropout, the grouping); hidden cases are the same properties on fresh seeds and sizes, plus edge cases.
 CHECKS: dict[str, Check] = {
     "split_heads": Check(
         name="split_heads",
-        visible=(Case("split (batch, seq, heads·d_head) into heads", _split_inputs, "call", _judge_split),),
+        visible=(
+            Case("split (batch, seq, heads·d_head) into heads", _split_inputs, "call", _judge_split),
+            Case("d_model not divisible by n_heads raises ValueError", _split_not_divisible_inputs, "call_or_error",
+                 _judge_split_not_divisible),
+            Case("x that is not 3-D raises ValueError", _split_not_3d_inputs, "call_or_error", _judge_split_not_3d),
+        ),
         hidden=(
             Case("one head, or one feature per head", lambda g: _split_inputs(g, (1, 1), (1, 1)), "call", _judge_split),
             Case("larger sizes", lambda g: _split_inputs(g, (6, 12), (4, 8)), "call", _judge_split),
-            Case("d_model not divisible by n_heads", _split_not_divisible_inputs, "call_or_error", _judge_split_not_divisible),
         ),
     ),
     "merge_heads": Check(
         name="merge_heads",
-        visible=(Case("merge heads back to (batch, seq, d_model)", _merge_inputs, "call", _judge_merge),),
+        visible=(
+            Case("merge heads back to (batch, seq, d_model)", _merge_inputs, "call", _judge_merge),
+            Case("x that is not 4-D raises ValueError", _merge_not_4d_inputs, "call_or_error", _judge_merge_not_4d),
+        ),
         hidden=(Case("merge_heads inverts split_heads", _merge_inputs, "call", _judge_merge_roundtrip),),
     ),
     "MultiHeadAttention": Check(
         name="MultiHeadAttention",
         visible=(
-            Case(
-                "self-attention equals nn.MultiheadAttention with the same weights",
-                _mha_inputs,
-                "module_forward",
-                lambda i, o: _judge_mha(i, o, what="self-attention differs from nn.MultiheadAttention with the same weights"),
-            ),
+            _mha_case("self-attention equals nn.MultiheadAttention with the same weights",
+                      "self-attention differs from nn.MultiheadAttention with the same weights"),
+            _mha_case("cross-attention to a longer context, with a key padding mask",
+                      "cross-attention (queries from x, keys/values from context, mask True = may attend) is wrong",
+                      cross=True, padding=True),
+            _mha_case("causal self-attention", "with is_causal=True, a token may only attend to itself and the past",
+                      causal=True),
+            Case("dropout on the attention weights", _dropout_inputs, "module_forward_train_and_eval", _judge_dropout),
+            _mha_case("grouped-query attention (n_kv_heads < n_heads)",
+                      "with n_kv_heads < n_heads, query head i must use K/V head i // (n_heads // n_kv_heads)",
+                      kv_heads=True, cross=True),
         ),
         hidden=(
-            Case(
-                "causal self-attention",
-                lambda g: _mha_inputs(g, causal=True),
-                "module_forward",
-                lambda i, o: _judge_mha(i, o, what="with is_causal=True, a token may only attend to itself and the past"),
-            ),
-            Case(
-                "cross-attention with a key padding mask",
-                lambda g: _mha_inputs(g, cross=True, padding=True),
-                "module_forward",
-                lambda i, o: _judge_mha(
-                    i, o, what="cross-attention (queries from x, keys/values from context, mask True = may attend) is wrong"
-                ),
-            ),
-            Case(
-                "no biases",
-                lambda g: _mha_inputs(g, bias=False),
-                "module_forward",
-                lambda i, o: _judge_mha(i, o, what="with bias=False the output differs from nn.MultiheadAttention(bias=False)"),
-            ),
-            Case(
-                "grouped-query attention (n_kv_heads < n_heads)",
-                lambda g: _mha_inputs(g, kv_heads=True, cross=True),
-                "module_forward",
-                lambda i, o: _judge_mha(
-                    i, o, what="with n_kv_heads < n_heads, query head i must use K/V head i // (n_heads // n_kv_heads)"
-                ),
-            ),
-            Case("dropout on the attention weights", _dropout_inputs, "module_forward_train_and_eval", _judge_dropout),
+            _mha_case("no biases", "with bias=False the output differs from nn.MultiheadAttention(bias=False)",
+                      bias=False),
+            _mha_case("causal cross-attention over a cache (seq_k > seq_q)",
+                      "with is_causal=True and seq_k > seq_q the causal mask is aligned to the end",
+                      cross=True, causal=True),
+            _mha_case("grouped-query self-attention with padding",
+                      "grouped-query self-attention with a key padding mask is wrong", kv_heads=True, padding=True),
         ),
         # nn.MultiheadAttention's own forward (the given from_torch only reads its weights).
         forbidden=("multi_head_attention_forward", "_native_multi_head_attention"),
     ),
     "attention_parameter_count": Check(
         name="attention_parameter_count",
-        visible=(Case("count of multi-head attention", _count_inputs, "call", _judge_count),),
+        visible=(
+            Case("count of multi-head attention", _count_inputs, "call", _judge_count),
+            Case("grouped-query attention", lambda g: _count_inputs(g, gqa=True), "call", _judge_count),
+            Case("d_model not divisible by n_heads raises ValueError", _count_bad_inputs, "call_or_error",
+                 _judge_count_bad),
+            Case("n_kv_heads that does not divide n_heads raises ValueError", _count_bad_kv_inputs, "call_or_error",
+                 _judge_count_bad_kv),
+        ),
         hidden=(
             Case("without biases", lambda g: _count_inputs(g, bias=False), "call", _judge_count),
-            Case("grouped-query attention", lambda g: _count_inputs(g, gqa=True), "call", _judge_count),
             Case("real model sizes", lambda g: _count_inputs(g, big=True, gqa=True), "call", _judge_count),
-            Case("d_model not divisible by n_heads", _count_bad_inputs, "call_or_error", _judge_count_bad),
         ),
     ),
     "repeat_kv_heads": Check(
         name="repeat_kv_heads",
-        visible=(Case("groups of query heads share a K/V head", _repeat_inputs, "call", _judge_repeat),),
+        visible=(
+            Case("groups of query heads share a K/V head", _repeat_inputs, "call", _judge_repeat),
+            Case("n_heads not a multiple of the K/V heads raises ValueError", _repeat_bad_inputs, "call_or_error",
+                 _judge_repeat_bad),
+        ),
         hidden=(
             Case("multi-query: one K/V head", lambda g: _repeat_inputs(g, kv_heads=1, group=4), "call", _judge_repeat),
             Case("as many K/V heads as query heads", lambda g: _repeat_inputs(g, group=1), "call", _judge_repeat),
-            Case("n_heads not a multiple of the K/V heads", _repeat_bad_inputs, "call_or_error", _judge_repeat_bad),
+        ),
+    ),
+    "query_gradient_norm": Check(
+        name="query_gradient_norm",
+        visible=(
+            Case("scaled=True, d_head = 16, against torch.autograd", _grad_inputs((16,), scaled=True), "call",
+                 _judge_grad),
+            Case("scaled=False, d_head = 64", _grad_inputs((64,), scaled=False), "call", _judge_grad),
+        ),
+        hidden=(
+            Case("scaled, any d_head", _grad_inputs((2, 8, 32, 128), scaled=True), "call", _judge_grad),
+            Case("unscaled, any d_head", _grad_inputs((4, 32, 256), scaled=False), "call", _judge_grad),
+            Case("float32", _grad_inputs((8, 64), scaled=True, dtype=torch.float32), "call", _judge_grad),
         ),
     ),
 }

@@ -51,6 +51,33 @@ def _no_error(outputs: dict) -> None:
         fail(f"your code raised {got.get('type')}: {got.get('message')}")
 
 
+def _bad_inputs(function: str, *choices: tuple[tuple, dict, str]):
+    """One of ``choices`` ((args, kwargs, the argument the ValueError must name)), drawn from ``gen``;
+    a tensor argument is given as a shape and drawn too."""
+
+    def inputs(gen: torch.Generator) -> dict:
+        args, kwargs, argument = choices[_randint(gen, 0, len(choices) - 1)]
+        args = tuple(torch.randn(*a, generator=gen) if isinstance(a, list) else a for a in args)
+        shown = ", ".join([f"x of shape {tuple(a.shape)}" if isinstance(a, torch.Tensor) else repr(a) for a in args]
+                          + [f"{k}={v!r}" for k, v in kwargs.items()])
+        return {"args": args, "kwargs": kwargs, "argument": argument, "call": f"{function}({shown})"}
+
+    return inputs
+
+
+def _judge_value_error(inputs: dict, outputs: dict) -> None:
+    """The call must raise ValueError, and its message must name ``inputs["argument"]``."""
+    call, argument, got = inputs["call"], inputs["argument"], outputs.get("error")
+    if got is None:
+        fail(f"{call} must raise ValueError naming {argument}, but your code returned a result: check the "
+             "argument first and say what to pass instead")
+    if got.get("type") != "ValueError":
+        fail(f"{call} must raise ValueError naming {argument}; your code raised {got.get('type')}: "
+             f"{got.get('message')}")
+    if argument not in got.get("message", ""):
+        fail(f"{call}: your ValueError should name {argument} and say what to pass; it said {got.get('message')!r}")
+
+
 # --- sinusoidal_encoding ---
 
 
@@ -171,6 +198,19 @@ def _judge_learned(inputs: dict, outputs: dict) -> None:
     expect_close(out, expected, "the output must be x + embedding(positions start_pos … start_pos + seq - 1)")
 
 
+def _learned_bad_inputs(gen: torch.Generator) -> dict:
+    """x that is not (batch, seq, d_model), or a negative start_pos: ValueError naming x / start_pos."""
+    max_len, d_model = _randint(gen, 8, 16), _randint(gen, 2, 6)
+    weight = torch.randn(max_len, d_model, generator=gen)
+    if _randint(gen, 0, 1):
+        x, start_pos, argument = torch.randn(3, d_model, generator=gen), 0, "x"
+    else:
+        x, start_pos, argument = torch.randn(1, 3, d_model, generator=gen), -_randint(gen, 1, 3), "start_pos"
+    return {"init_args": (max_len, d_model), "state": {"embedding.weight": weight}, "args": (x,),
+            "kwargs": {"start_pos": start_pos}, "argument": argument,
+            "call": f"forward(x of shape {tuple(x.shape)}, start_pos={start_pos})"}
+
+
 def _judge_learned_past(inputs: dict, outputs: dict) -> None:
     (x,), start_pos = inputs["args"], inputs["kwargs"]["start_pos"]
     max_len = inputs["init_args"][0]
@@ -267,6 +307,38 @@ def _judge_rope_relative(inputs: dict, outputs: dict) -> None:
              "angle = position · θ_i")
 
 
+# --- apply_rope_complex ---
+
+
+def _judge_rope_complex(inputs: dict, outputs: dict) -> None:
+    (x,) = inputs["args"]
+    start_pos, base = inputs["kwargs"].get("start_pos", 0), inputs["kwargs"].get("base", 10000.0)
+    out = outputs["out"]
+    expected = _rope_variant(x.double(), start_pos, base)  # the pairwise rotation, written with cos and sin
+    atol = 1e-5 if x.dtype == torch.float32 else 1e-10
+    if isinstance(out, torch.Tensor) and out.shape == x.shape and out.dtype != x.dtype:
+        fail(f"return the dtype of x ({x.dtype}), not {out.dtype}: convert back after torch.view_as_real")
+    if _matches(out, expected, atol):
+        if x.dtype == torch.float64 and not torch.allclose(out, expected, atol=1e-10, rtol=1e-10):
+            fail("a float64 x lost precision: its pairs must become complex128 numbers (torch.view_as_complex of "
+                 "the float64 tensor, and e^(iθ) in complex128), not complex64")
+        return
+    _diagnose(out, [
+        ("you multiply by e^(-iθ) (the conjugate): the rotation by +θ is the product with e^(+iθ) = cos θ + i·sin θ",
+         _rope_variant(x.double(), start_pos, base, sign=-1.0)),
+        ("your complex numbers pair x[i] with x[i + d/2] (the halves); here a pair is two neighbours, "
+         "x[2i] + i·x[2i+1]: reshape the last axis to (d_head/2, 2) before torch.view_as_complex",
+         _rope_variant(x.double(), start_pos, base, halves=True)),
+        ("start_pos is ignored: the angles are those of positions start_pos … start_pos + seq - 1",
+         _rope_variant(x.double(), 0, base)),
+        ("the real and imaginary parts are not interleaved back: torch.view_as_real gives (..., d_head/2, 2), "
+         "flatten those two axes, do not concatenate all real parts then all imaginary parts",
+         torch.cat([expected[..., 0::2], expected[..., 1::2]], dim=-1)),
+    ], atol)
+    expect_close(out, expected, "the complex product must equal the pairwise rotation: (a + ib)·e^(iθ) = "
+                 "(a·cos θ - b·sin θ) + i·(a·sin θ + b·cos θ)", atol=atol)
+
+
 # --- alibi_slopes ---
 
 
@@ -331,34 +403,44 @@ def _judge_bias(inputs: dict, outputs: dict) -> None:
                  "(if your alibi_slopes fails its check, fix it first)", atol=1e-6)
 
 
+_LEARNED = "module_forward_or_error"
+
+# Visible cases check what each exercise is for (position 0, odd d_model, the errors the text asks for,
+# start_pos, end alignment, non-power-of-two slopes...); hidden cases are the same properties on fresh seeds,
+# sizes and dtypes, plus edge cases.
 CHECKS: dict[str, Check] = {
     "sinusoidal_encoding": Check(
         name="sinusoidal_encoding",
         visible=(
             Case("position 0 is 0, 1, 0, 1, …", _sinusoid_inputs((2, 6), (4, 8)), "call", _judge_sinusoid_first_row),
             Case("matches the formula", _sinusoid_inputs((4, 12), (4, 16)), "call", _judge_sinusoid),
+            Case("odd d_model: the last column is a sine", _sinusoid_inputs((3, 10), (4, 12), odd=True), "call",
+                 _judge_sinusoid),
+            Case("a negative seq_len or d_model < 1 raises ValueError",
+                 _bad_inputs("sinusoidal_encoding", ((-3, 8), {}, "seq_len"), ((5, 0), {}, "d_model")),
+                 "call_or_error", _judge_value_error),
         ),
         hidden=(
             Case("long sequences", _sinusoid_inputs((200, 400), (32, 64)), "call", _judge_sinusoid),
-            Case("odd d_model", _sinusoid_inputs((3, 10), (4, 12), odd=True), "call", _judge_sinusoid),
             Case("PE(p + k) is a rotation of PE(p)", _sinusoid_shift_inputs, "call", _judge_sinusoid_shift),
+            Case("more bad arguments raise ValueError",
+                 _bad_inputs("sinusoidal_encoding", ((-1, 4), {}, "seq_len"), ((4, -2), {}, "d_model"),
+                             ((2.5, 4), {}, "seq_len")),
+                 "call_or_error", _judge_value_error),
         ),
     ),
     "LearnedPositionalEmbedding": Check(
         name="LearnedPositionalEmbedding",
         visible=(
-            Case("start_pos = 0", _learned_inputs("zero"), "module_forward_or_error", _judge_learned),
-            Case("start_pos > 0", _learned_inputs("inside"), "module_forward_or_error", _judge_learned),
-            Case("past max_len raises ValueError", _learned_inputs("past"), "module_forward_or_error",
-                 _judge_learned_past),
+            Case("start_pos = 0", _learned_inputs("zero"), _LEARNED, _judge_learned),
+            Case("start_pos > 0", _learned_inputs("inside"), _LEARNED, _judge_learned),
+            Case("ending exactly at max_len is allowed", _learned_inputs("edge"), _LEARNED, _judge_learned),
+            Case("past max_len raises ValueError", _learned_inputs("past"), _LEARNED, _judge_learned_past),
+            Case("x not (batch, seq, d_model), or start_pos < 0, raises ValueError", _learned_bad_inputs, _LEARNED,
+                 _judge_value_error),
         ),
         hidden=(
-            Case("ending exactly at max_len is allowed", _learned_inputs("edge"), "module_forward_or_error",
-                 _judge_learned),
-            Case("one position past max_len raises ValueError", _learned_inputs("past"), "module_forward_or_error",
-                 _judge_learned_past),
-            Case("start_pos > 0, larger batch", _learned_inputs("inside", batch_max=6), "module_forward_or_error",
-                 _judge_learned),
+            Case("start_pos > 0, larger batch", _learned_inputs("inside", batch_max=6), _LEARNED, _judge_learned),
         ),
     ),
     "apply_rope": Check(
@@ -366,22 +448,46 @@ CHECKS: dict[str, Check] = {
         visible=(
             Case("rotates pairs (start_pos = 0)", _rope_inputs(start=False), "call", _judge_rope),
             Case("start_pos > 0", _rope_inputs(start=True), "call", _judge_rope),
+            Case("another base", _rope_inputs(start=True, base=True), "call", _judge_rope),
+            Case("score depends only on m - n", _rope_relative_inputs, "rope_scores", _judge_rope_relative),
+            Case("odd d_head, x not 4-D, or start_pos < 0 raises ValueError",
+                 _bad_inputs("apply_rope", (([1, 2, 3, 5],), {}, "d_head"), (([2, 3, 4],), {}, "x"),
+                             (([1, 1, 3, 4],), {"start_pos": -1}, "start_pos")),
+                 "call_or_error", _judge_value_error),
         ),
         hidden=(
-            Case("other base", _rope_inputs(start=True, base=True), "call", _judge_rope),
             Case("float64, long sequences", _rope_inputs(start=True, dtype=torch.float64, long=True), "call",
                  _judge_rope),
+        ),
+    ),
+    "apply_rope_complex": Check(
+        name="apply_rope_complex",
+        visible=(
+            Case("equals the pairwise rotation (start_pos = 0)", _rope_inputs(start=False), "call",
+                 _judge_rope_complex),
+            Case("start_pos > 0 and another base", _rope_inputs(start=True, base=True), "call", _judge_rope_complex),
+            Case("float64 stays exact", _rope_inputs(start=True, dtype=torch.float64, long=True), "call",
+                 _judge_rope_complex),
+        ),
+        hidden=(
+            Case("start_pos > 0", _rope_inputs(start=True), "call", _judge_rope_complex),
             Case("score depends only on m - n", _rope_relative_inputs, "rope_scores", _judge_rope_relative),
         ),
+        # Multiply by e^(iθ): the pairwise rotation with cos and sin is the other exercise.
+        forbidden=("cos", "cos_", "sin", "sin_"),
     ),
     "alibi_slopes": Check(
         name="alibi_slopes",
         visible=(
             Case("8 heads: 1/2, 1/4, …, 1/256", _slopes_inputs((8,)), "call", _judge_slopes),
             Case("powers of two", _slopes_inputs((1, 2, 4, 16, 32)), "call", _judge_slopes),
+            Case("6 heads, not a power of two", _slopes_inputs((6,)), "call", _judge_slopes),
+            Case("n_heads < 1 raises ValueError", _bad_inputs("alibi_slopes", ((0,), {}, "n_heads"),
+                                                               ((-4,), {}, "n_heads")),
+                 "call_or_error", _judge_value_error),
         ),
         hidden=(
-            Case("head counts that are not powers of two", _slopes_inputs((3, 5, 6, 7, 12, 20, 24, 28)), "call",
+            Case("head counts that are not powers of two", _slopes_inputs((3, 5, 7, 12, 20, 24, 28)), "call",
                  _judge_slopes),
             Case("more non-powers of two", _slopes_inputs((9, 10, 11, 13, 14, 15, 17, 30)), "call", _judge_slopes),
         ),
@@ -390,11 +496,14 @@ CHECKS: dict[str, Check] = {
         name="alibi_bias",
         visible=(
             Case("square, power-of-two heads", _bias_inputs(square=True), "call", _judge_bias),
-        ),
-        hidden=(
             Case("seq_q < seq_k: end-aligned", _bias_inputs(square=False), "call", _judge_bias),
             Case("head counts that are not powers of two", _bias_inputs(square=True, power_of_two=False), "call",
                  _judge_bias),
+            Case("seq_q or seq_k < 1 raises ValueError", _bad_inputs("alibi_bias", ((4, 0, 3), {}, "seq_q"),
+                                                                      ((4, 2, 0), {}, "seq_k")),
+                 "call_or_error", _judge_value_error),
+        ),
+        hidden=(
             Case("end-aligned, any head count", _bias_inputs(square=False, power_of_two=False), "call", _judge_bias),
         ),
     ),

@@ -162,6 +162,35 @@ def module_forward_train_and_eval(obj: Any, inputs: dict) -> dict:
     return outputs
 
 
+# --- chapter 1: tiled attention ---
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+
+class _LargestOutput(TorchDispatchMode):
+    """Records the number of elements of the largest tensor any PyTorch operator returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def call_tracking_size(obj: Any, inputs: dict) -> dict:
+    """Like :func:`call`; also ``largest``, the element count of the largest tensor an operator made
+    during the call (views count too), so that a judge can tell whether the full score matrix was built."""
+    tracker = _LargestOutput()
+    with tracker:
+        out = obj(*inputs.get("args", ()), **inputs.get("kwargs", {}))
+    return {"out": out, "largest": int(tracker.largest)}
+
+
 _PROBES = {name: value for name, value in dict(globals()).items()
            if callable(value) and not name.startswith("_") and name not in ("execute", "Forbidden", "Guard", "Any")
            and getattr(value, "__module__", None) == __name__}

@@ -38,6 +38,11 @@ def scores_float32(q, k):
     return _scores(q.float(), k.float())
 
 
+def scores_scale_q_in_place(q, k):
+    q.mul_(1.0 / math.sqrt(q.shape[-1]))  # "saves memory", corrupts the caller's q
+    return einsum(q, k, "... seq_q d_head, ... seq_k d_head -> ... seq_q seq_k")
+
+
 # --- softmax ---
 
 
@@ -53,6 +58,12 @@ def softmax_global_max(x, dim=-1):
 
 def softmax_ignores_dim(x, dim=-1):
     return _softmax(x, dim=-1)
+
+
+def softmax_max_subtracted_in_place(x, dim=-1):
+    x -= x.amax(dim=dim, keepdim=True)  # stable, but the caller's logits are shifted too
+    e = x.exp()
+    return e / e.sum(dim=dim, keepdim=True)
 
 
 # --- causal_mask ---
@@ -80,6 +91,11 @@ def causal_top_left(seq_q, seq_k=None, *, device=None):
 def causal_float(seq_q, seq_k=None, *, device=None):
     seq_q, seq_k = _sizes(seq_q, seq_k)
     return torch.ones(seq_q, seq_k, device=device).tril(diagonal=seq_k - seq_q)
+
+
+def causal_unchecked(seq_q, seq_k=None, *, device=None):
+    seq_q, seq_k = _sizes(seq_q, seq_k)
+    return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device).tril(diagonal=seq_k - seq_q)
 
 
 # --- padding_mask ---
@@ -126,6 +142,41 @@ def _sdpa(*, scale="sqrt", fill="finfo", zero_dead_rows=True, softmax_dim=-1, af
     return sdpa
 
 
+# --- tiled_attention ---
+
+
+def _tiled(*, rescale_output=True, rescale_sum=True, shift="running", start_max=-math.inf, stop="all", scale="sqrt",
+           full=False, check=True, in_place=False):
+    def tiled_attention(q, k, v, block_size=64):
+        if check and (not isinstance(block_size, int) or block_size < 1):
+            raise ValueError(f"block_size must be a positive int; got {block_size!r}")
+        if full:  # exact, but holds every (seq_q, seq_k) score at once
+            scores = einsum(q, k, "... seq_q d_head, ... seq_k d_head -> ... seq_q seq_k") / math.sqrt(q.shape[-1])
+            return einsum(_softmax(scores), v, "... seq_q seq_k, ... seq_k d_head -> ... seq_q d_head")
+        if in_place:
+            q = q.mul_(1.0 / math.sqrt(q.shape[-1]))
+        else:
+            q = q / {"sqrt": math.sqrt(q.shape[-1]), "none": 1.0}[scale]
+        m = torch.full((*q.shape[:-1], 1), start_max, dtype=q.dtype)
+        total = torch.zeros((*q.shape[:-1], 1), dtype=q.dtype)
+        out = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)
+        seq_k = k.shape[-2]
+        end = seq_k if stop == "all" else seq_k - block_size + 1
+        for start in range(0, end, block_size):
+            s = einsum(q, k[..., start:start + block_size, :], "... seq_q d_head, ... seq_k d_head -> ... seq_q seq_k")
+            block_max = s.amax(dim=-1, keepdim=True)
+            new_m = {"running": torch.maximum(m, block_max), "block": block_max, "none": torch.zeros_like(m)}[shift]
+            factor = (m - new_m).exp() if shift != "none" else torch.ones_like(m)
+            p = (s - new_m).exp()
+            total = (total * factor if rescale_sum else total) + p.sum(dim=-1, keepdim=True)
+            out = (out * factor if rescale_output else out) + einsum(
+                p, v[..., start:start + block_size, :], "... seq_q seq_k, ... seq_k d_head -> ... seq_q d_head")
+            m = new_m
+        return out / total
+
+    return tiled_attention
+
+
 MUTANTS: list[Mutant] = [
     Mutant("scores_no_scaling", "attention_scores",
            "forgets the 1/√d_k of 'Attention Is All You Need' §3.2.1: the softmax saturates as d_k grows", scores_no_scaling),
@@ -135,6 +186,9 @@ MUTANTS: list[Mutant] = [
            "k @ qᵀ instead of q @ kᵀ: rows are keys; invisible while seq_q == seq_k", scores_transposed),
     Mutant("scores_float32", "attention_scores",
            "casts to float32: silently loses float64 precision (e.g. in gradient checks)", scores_float32),
+    Mutant("scores_scale_q_in_place", "attention_scores",
+           "scales q with q.mul_(1/√d_k) to save memory: the caller's queries are divided by √d_k too, "
+           "and again at every call", scores_scale_q_in_place),
     Mutant("softmax_no_max_subtraction", "softmax",
            "exp(x) / sum(exp(x)) without subtracting the max: exp overflows to inf for logits above ~88 in "
            "float32 and the result is NaN", softmax_no_max_subtraction),
@@ -142,6 +196,9 @@ MUTANTS: list[Mutant] = [
            "subtracts one global max instead of each row's: rows far below it underflow to 0/0", softmax_global_max),
     Mutant("softmax_ignores_dim", "softmax",
            "always normalises the last axis, ignoring the dim argument", softmax_ignores_dim),
+    Mutant("softmax_max_subtracted_in_place", "softmax",
+           "x -= x.amax(dim, keepdim=True): stable, but the caller's logits are shifted in place",
+           softmax_max_subtracted_in_place),
     Mutant("causal_without_diagonal", "causal_mask",
            "tril(diagonal=-1): a token cannot see itself (the first token then sees nothing)", causal_without_diagonal),
     Mutant("causal_inverted", "causal_mask",
@@ -153,6 +210,9 @@ MUTANTS: list[Mutant] = [
            causal_top_left),
     Mutant("causal_float", "causal_mask",
            "a float 0/1 mask: used as an additive mask it adds 0 or 1 to the scores instead of hiding keys", causal_float),
+    Mutant("causal_unchecked", "causal_mask",
+           "no check of seq_k >= seq_q: tril with a negative diagonal silently gives queries that see no key",
+           causal_unchecked),
     Mutant("padding_2d", "padding_mask",
            "(batch, seq_k) mask: broadcasts against (batch, heads, seq_q, seq_k) onto the wrong axes", padding_2d),
     Mutant("padding_inverted", "padding_mask",
@@ -184,4 +244,28 @@ MUTANTS: list[Mutant] = [
     Mutant("sdpa_detached_weights", "scaled_dot_product_attention",
            "weights detached from the graph: no gradient reaches q and k, W_Q and W_K never learn",
            _sdpa(detach=True)),
+    Mutant("tiled_output_not_rescaled", "tiled_attention",
+           "the running sum is rescaled when the max grows, the running output is not: earlier blocks "
+           "keep too much weight", _tiled(rescale_output=False)),
+    Mutant("tiled_sum_not_rescaled", "tiled_attention",
+           "the running output is rescaled, the running sum is not: the normaliser is too large", _tiled(rescale_sum=False)),
+    Mutant("tiled_block_max", "tiled_attention",
+           "shifts each block by its own max instead of the running max: exact in exact arithmetic, but "
+           "exp(m_old - m_new) overflows when a later block's scores are far smaller", _tiled(shift="block")),
+    Mutant("tiled_no_max", "tiled_attention",
+           "no running max at all (exp of the raw scores): overflows to inf for large scores", _tiled(shift="none")),
+    Mutant("tiled_max_starts_at_zero", "tiled_attention",
+           "running max initialised to 0 instead of -inf: rows whose scores are all very negative underflow to 0/0",
+           _tiled(start_max=0.0)),
+    Mutant("tiled_drops_last_block", "tiled_attention",
+           "range(0, seq_k - block_size + 1, block_size): the last, shorter block is skipped", _tiled(stop="whole")),
+    Mutant("tiled_no_scaling", "tiled_attention", "forgets the 1/√d_k", _tiled(scale="none")),
+    Mutant("tiled_full_matrix", "tiled_attention",
+           "exact attention that builds the whole (seq_q, seq_k) score matrix: the memory FlashAttention avoids",
+           _tiled(full=True)),
+    Mutant("tiled_scale_q_in_place", "tiled_attention",
+           "q.mul_(1/√d_k): the caller's queries are scaled in place", _tiled(in_place=True)),
+    Mutant("tiled_block_size_unchecked", "tiled_attention",
+           "no check of block_size: range() raises its own 'arg 3 must not be zero', which names nothing the "
+           "caller passed", _tiled(check=False)),
 ]

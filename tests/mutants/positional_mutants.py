@@ -1,17 +1,43 @@
 """Planted bugs for chapter 3 (positional encodings): each must FAIL the hidden checks of its exercise.
 
-Each mutant is a copy of the ``solutions.positional`` code with one realistic change.
+Each mutant is a copy of the ``solutions.positional`` code with one realistic change. The copies never
+call ``solutions.positional`` itself: that would be delegation, refused before the judge looks at the answer.
 """
 
 from __future__ import annotations
 
 import math
+
 import torch
 from einops import rearrange
-
-from solutions import positional as ref
+from torch import nn
 
 from mutants import Mutant  # tests/ is on sys.path under pytest
+
+
+def _rope_angles(seq_len, d_head, start_pos=0, base=10000.0):
+    inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+    return torch.arange(start_pos, start_pos + seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
+
+
+def _alibi_slopes(n_heads):
+    def power_of_two_slopes(n):
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return torch.tensor(power_of_two_slopes(n_heads))
+    lower = 2 ** math.floor(math.log2(n_heads))
+    return torch.tensor(power_of_two_slopes(lower) + power_of_two_slopes(2 * lower)[0::2][: n_heads - lower])
+
+
+class _Learned(nn.Module):
+    """The given __init__ of LearnedPositionalEmbedding (the checks load embedding.weight)."""
+
+    def __init__(self, max_len, d_model):
+        super().__init__()
+        self.d_model, self.max_len = d_model, max_len
+        self.embedding = nn.Embedding(max_len, d_model)
 
 
 # --- sinusoidal_encoding ---
@@ -44,7 +70,7 @@ def sinusoid_positions_from_1(seq_len: int, d_model: int) -> torch.Tensor:
 
 
 def sinusoid_concatenated(seq_len: int, d_model: int) -> torch.Tensor:
-    pe = ref.sinusoidal_encoding(seq_len, d_model)
+    pe = _sinusoid(seq_len, d_model)
     return torch.cat([pe[:, 0::2], pe[:, 1::2]], dim=-1)
 
 
@@ -59,36 +85,41 @@ def sinusoid_half_precision_angles(seq_len: int, d_model: int) -> torch.Tensor:
     return pe
 
 
+def sinusoid_unchecked(seq_len: int, d_model: int) -> torch.Tensor:
+    """No argument checks: d_model=0 gives an empty table, a negative seq_len a RuntimeError from arange."""
+    return _sinusoid(seq_len, d_model)
+
+
 # --- LearnedPositionalEmbedding ---
 
 
-class LearnedStartPosIgnored(ref.LearnedPositionalEmbedding):
+class LearnedStartPosIgnored(_Learned):
     def forward(self, x, start_pos=0):
         if x.shape[1] + start_pos > self.max_len:
             raise ValueError(f"positions go past max_len={self.max_len}")
         return x + self.embedding(torch.arange(x.shape[1]))
 
 
-class LearnedClampedIndex(ref.LearnedPositionalEmbedding):
+class LearnedClampedIndex(_Learned):
     def forward(self, x, start_pos=0):
         positions = torch.arange(start_pos, start_pos + x.shape[1]).clamp(max=self.max_len - 1)
         return x + self.embedding(positions)
 
 
-class LearnedWrappedIndex(ref.LearnedPositionalEmbedding):
+class LearnedWrappedIndex(_Learned):
     def forward(self, x, start_pos=0):
         positions = torch.arange(start_pos, start_pos + x.shape[1]) % self.max_len
         return x + self.embedding(positions)
 
 
-class LearnedIndexError(ref.LearnedPositionalEmbedding):
+class LearnedIndexError(_Learned):
     """No check: nn.Embedding raises IndexError ("index out of range in self"), a cryptic production failure."""
 
     def forward(self, x, start_pos=0):
         return x + self.embedding(torch.arange(start_pos, start_pos + x.shape[1]))
 
 
-class LearnedOffByOneLimit(ref.LearnedPositionalEmbedding):
+class LearnedOffByOneLimit(_Learned):
     """Rejects a sequence that ends exactly at max_len (``>=`` instead of ``>``)."""
 
     def forward(self, x, start_pos=0):
@@ -98,11 +129,21 @@ class LearnedOffByOneLimit(ref.LearnedPositionalEmbedding):
         return x + self.embedding(torch.arange(start_pos, end))
 
 
+class LearnedUncheckedInputs(_Learned):
+    """Checks max_len but not the shape of x or the sign of start_pos."""
+
+    def forward(self, x, start_pos=0):
+        end = start_pos + x.shape[1] if x.dim() > 1 else start_pos + 1
+        if end > self.max_len:
+            raise ValueError(f"positions {start_pos}..{end - 1} go past max_len={self.max_len}")
+        return x + self.embedding(torch.arange(start_pos, end))
+
+
 # --- apply_rope ---
 
 
 def _rope(x, start_pos=0, base=10000.0, *, sign=1.0, halves=False, ignore_start=False):
-    angle = sign * ref.rope_angles(x.shape[-2], x.shape[-1], 0 if ignore_start else start_pos, base)
+    angle = sign * _rope_angles(x.shape[-2], x.shape[-1], 0 if ignore_start else start_pos, base)
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
     if halves:
         a, b = x.chunk(2, dim=-1)
@@ -130,8 +171,69 @@ def rope_base_ignored(x, start_pos=0, base=10000.0):
 
 def rope_cos_sin_not_paired(x, start_pos=0, base=10000.0):
     """Multiplies by cos and adds sin·x, the same for both members of a pair: not a rotation."""
-    angle = ref.rope_angles(x.shape[-2], x.shape[-1], start_pos, base).repeat_interleave(2, dim=-1)
+    angle = _rope_angles(x.shape[-2], x.shape[-1], start_pos, base).repeat_interleave(2, dim=-1)
     return x * angle.cos().to(x.dtype) + x * angle.sin().to(x.dtype)
+
+
+def rope_rotated_in_place(x, start_pos=0, base=10000.0):
+    """Writes the rotated pairs back into x ("saves memory"): the caller's queries/keys are rotated too."""
+    angle = _rope_angles(x.shape[-2], x.shape[-1], start_pos, base)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    even, odd = x[..., 0::2].clone(), x[..., 1::2].clone()
+    x[..., 0::2] = even * cos - odd * sin
+    x[..., 1::2] = even * sin + odd * cos
+    return x
+
+
+def rope_unchecked(x, start_pos=0, base=10000.0):
+    """No argument checks: an odd d_head fails inside rearrange, a negative start_pos rotates backwards silently."""
+    return _rope(x, start_pos, base)
+
+
+# --- apply_rope_complex ---
+
+
+def _rope_complex(x, start_pos=0, base=10000.0, *, conjugate=False, halves=False, ignore_start=False,
+                  concatenate=False, in_place=False, precision=None):
+    angle = _rope_angles(x.shape[-2], x.shape[-1], 0 if ignore_start else start_pos, base)
+    turn = torch.polar(torch.ones_like(angle), -angle if conjugate else angle)
+    work = x.to(precision) if precision is not None else x
+    if halves:
+        a, b = work.chunk(2, dim=-1)
+        pairs = torch.complex(a, b)
+    else:
+        pairs = torch.view_as_complex(rearrange(work, "... seq (half two) -> ... seq half two", two=2))
+    if in_place:
+        pairs.mul_(turn.to(pairs.dtype))
+        return x
+    rotated = pairs * turn.to(pairs.dtype)
+    if halves or concatenate:
+        return torch.cat((rotated.real, rotated.imag), dim=-1).to(x.dtype)
+    return rearrange(torch.view_as_real(rotated), "... seq half two -> ... seq (half two)").to(x.dtype)
+
+
+def rope_complex_conjugate(x, start_pos=0, base=10000.0):
+    return _rope_complex(x, start_pos, base, conjugate=True)
+
+
+def rope_complex_halves(x, start_pos=0, base=10000.0):
+    return _rope_complex(x, start_pos, base, halves=True)
+
+
+def rope_complex_start_pos_ignored(x, start_pos=0, base=10000.0):
+    return _rope_complex(x, start_pos, base, ignore_start=True)
+
+
+def rope_complex_concatenated(x, start_pos=0, base=10000.0):
+    return _rope_complex(x, start_pos, base, concatenate=True)
+
+
+def rope_complex_in_place(x, start_pos=0, base=10000.0):
+    return _rope_complex(x, start_pos, base, in_place=True)
+
+
+def rope_complex_single_precision(x, start_pos=0, base=10000.0):
+    return _rope_complex(x, start_pos, base, precision=torch.float32)
 
 
 # --- alibi_slopes ---
@@ -143,39 +245,67 @@ def slopes_naive(n_heads: int) -> torch.Tensor:
 
 
 def slopes_negative(n_heads: int) -> torch.Tensor:
-    return -ref.alibi_slopes(n_heads)
+    if not isinstance(n_heads, int) or n_heads < 1:
+        raise ValueError(f"n_heads must be a positive int; got {n_heads!r}")
+    return -_alibi_slopes(n_heads)
 
 
 def slopes_truncated_next_power(n_heads: int) -> torch.Tensor:
     """Takes the first n slopes of the next power of two instead of the paper's interleaving rule."""
+    if not isinstance(n_heads, int) or n_heads < 1:
+        raise ValueError(f"n_heads must be a positive int; got {n_heads!r}")
     upper = 2 ** math.ceil(math.log2(n_heads))
-    return ref.alibi_slopes(upper)[:n_heads]
+    return _alibi_slopes(upper)[:n_heads]
 
 
 def slopes_reversed(n_heads: int) -> torch.Tensor:
-    return ref.alibi_slopes(n_heads).flip(0)
+    if not isinstance(n_heads, int) or n_heads < 1:
+        raise ValueError(f"n_heads must be a positive int; got {n_heads!r}")
+    return _alibi_slopes(n_heads).flip(0)
+
+
+def slopes_unchecked(n_heads: int) -> torch.Tensor:
+    """No check: n_heads=0 fails in math.log2 with 'math domain error', which names nothing the caller passed."""
+    return _alibi_slopes(n_heads)
 
 
 # --- alibi_bias ---
 
 
+def _checked(seq_q: int, seq_k: int) -> None:
+    for name, value in (("seq_q", seq_q), ("seq_k", seq_k)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int; got {value!r}")
+
+
 def bias_positive(n_heads: int, seq_q: int, seq_k: int) -> torch.Tensor:
-    return -ref.alibi_bias(n_heads, seq_q, seq_k)
+    _checked(seq_q, seq_k)
+    distance = (torch.arange(seq_q)[:, None] + (seq_k - seq_q) - torch.arange(seq_k)[None, :]).abs()
+    return _alibi_slopes(n_heads)[:, None, None] * distance
 
 
 def bias_start_aligned(n_heads: int, seq_q: int, seq_k: int) -> torch.Tensor:
+    _checked(seq_q, seq_k)
     distance = (torch.arange(seq_q)[:, None] - torch.arange(seq_k)[None, :]).abs()
-    return -ref.alibi_slopes(n_heads)[:, None, None] * distance
+    return -_alibi_slopes(n_heads)[:, None, None] * distance
 
 
 def bias_signed_distance(n_heads: int, seq_q: int, seq_k: int) -> torch.Tensor:
+    _checked(seq_q, seq_k)
     distance = torch.arange(seq_q)[:, None] + (seq_k - seq_q) - torch.arange(seq_k)[None, :]
-    return -ref.alibi_slopes(n_heads)[:, None, None] * distance
+    return -_alibi_slopes(n_heads)[:, None, None] * distance
 
 
 def bias_naive_slopes(n_heads: int, seq_q: int, seq_k: int) -> torch.Tensor:
+    _checked(seq_q, seq_k)
     distance = (torch.arange(seq_q)[:, None] + (seq_k - seq_q) - torch.arange(seq_k)[None, :]).abs()
     return -slopes_naive(n_heads)[:, None, None] * distance
+
+
+def bias_unchecked(n_heads: int, seq_q: int, seq_k: int) -> torch.Tensor:
+    """No size checks: seq_q=0 gives an empty bias instead of an error."""
+    distance = (torch.arange(seq_q)[:, None] + (seq_k - seq_q) - torch.arange(seq_k)[None, :]).abs()
+    return -_alibi_slopes(n_heads)[:, None, None] * distance
 
 
 MUTANTS: list[Mutant] = [
@@ -192,6 +322,9 @@ MUTANTS: list[Mutant] = [
            sinusoid_concatenated),
     Mutant("half_precision_angles", "sinusoidal_encoding",
            "position × frequency computed in float16: angles lose precision at long lengths", sinusoid_half_precision_angles),
+    Mutant("sinusoid_unchecked", "sinusoidal_encoding",
+           "no argument checks: d_model=0 returns an empty table, a negative seq_len a cryptic RuntimeError",
+           sinusoid_unchecked),
     Mutant("learned_start_pos_ignored", "LearnedPositionalEmbedding",
            "positions not advanced with start_pos (every chunk, every cached step, reuses positions 0…)",
            LearnedStartPosIgnored),
@@ -204,6 +337,9 @@ MUTANTS: list[Mutant] = [
            LearnedIndexError),
     Mutant("learned_off_by_one_limit", "LearnedPositionalEmbedding",
            "end >= max_len rejected: the last position of the table can never be used", LearnedOffByOneLimit),
+    Mutant("learned_unchecked_inputs", "LearnedPositionalEmbedding",
+           "checks max_len only: a 2-D x or a negative start_pos gives an IndexError or a silent wrong row",
+           LearnedUncheckedInputs),
     Mutant("rope_transposed", "apply_rope", "rotation by -θ (the transposed matrix)", rope_transposed),
     Mutant("rope_half_split", "apply_rope",
            "pairs (x[i], x[i + d/2]) as in GPT-NeoX/HF rotate_half, where this chapter's convention (and the "
@@ -214,6 +350,25 @@ MUTANTS: list[Mutant] = [
     Mutant("rope_base_ignored", "apply_rope", "the base argument is ignored (10000 hard-coded)", rope_base_ignored),
     Mutant("rope_not_a_rotation", "apply_rope", "x·cos + x·sin on each coordinate instead of rotating the pair",
            rope_cos_sin_not_paired),
+    Mutant("rope_rotated_in_place", "apply_rope",
+           "rotated pairs written back into x: the caller's queries and keys change (and rotate again on a second call)",
+           rope_rotated_in_place),
+    Mutant("rope_unchecked", "apply_rope",
+           "no argument checks: an odd d_head fails inside einops, a negative start_pos is accepted", rope_unchecked),
+    Mutant("rope_complex_conjugate", "apply_rope_complex", "multiplies by e^(-iθ): the rotation by -θ",
+           rope_complex_conjugate),
+    Mutant("rope_complex_halves", "apply_rope_complex",
+           "complex numbers built from the two halves (x[i] + i·x[i + d/2]) instead of neighbouring pairs",
+           rope_complex_halves),
+    Mutant("rope_complex_start_pos_ignored", "apply_rope_complex", "the angles of positions 0… whatever start_pos",
+           rope_complex_start_pos_ignored),
+    Mutant("rope_complex_concatenated", "apply_rope_complex",
+           "real parts then imaginary parts (torch.cat) instead of interleaving them back with view_as_real",
+           rope_complex_concatenated),
+    Mutant("rope_complex_in_place", "apply_rope_complex",
+           "pairs.mul_(e^(iθ)) on the complex view of x: rotates the caller's tensor", rope_complex_in_place),
+    Mutant("rope_complex_single_precision", "apply_rope_complex",
+           "always works in complex64: a float64 input loses half its digits", rope_complex_single_precision),
     Mutant("slopes_naive", "alibi_slopes",
            "2^(-8i/n) for every n: the paper's rule for non-powers of two (interleave the next power's slopes) "
            "is skipped", slopes_naive),
@@ -221,6 +376,8 @@ MUTANTS: list[Mutant] = [
     Mutant("slopes_truncated", "alibi_slopes",
            "first n slopes of the next power of two instead of the paper's interleaving", slopes_truncated_next_power),
     Mutant("slopes_reversed", "alibi_slopes", "slopes in increasing order", slopes_reversed),
+    Mutant("slopes_unchecked", "alibi_slopes",
+           "no check of n_heads: 0 fails in math.log2 with 'math domain error'", slopes_unchecked),
     Mutant("bias_positive", "alibi_bias", "+slope·distance: far keys are favoured instead of penalised",
            bias_positive),
     Mutant("bias_start_aligned", "alibi_bias",
@@ -228,4 +385,6 @@ MUTANTS: list[Mutant] = [
     Mutant("bias_signed_distance", "alibi_bias", "signed i - j instead of |i - j|", bias_signed_distance),
     Mutant("bias_naive_slopes", "alibi_bias", "bias built from naive slopes for non-powers of two",
            bias_naive_slopes),
+    Mutant("bias_unchecked", "alibi_bias", "no size checks: seq_q = 0 gives an empty bias instead of an error",
+           bias_unchecked),
 ]

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import nbformat
 
+from autograder import registry
+
 REPO = Path(__file__).resolve().parents[2]
 CH1 = "01_attention_by_hand"
-CH1_POINTS = {"attention_scores": 2, "softmax": 2, "causal_mask": 2, "padding_mask": 1,
-              "scaled_dot_product_attention": 3}
+CH1_POINTS = {e.name: e.points for e in registry.get(CH1).exercises}  # follows the registry
 SENTINEL = "REDTEAM-SENTINEL-7f3c9a1e"  # planted in the hidden tests of the source copy the grader uses
 
 WRONG_PADDING = '''def padding_mask(tokens, pad_id):
@@ -120,7 +121,6 @@ def build(root: Path, source_dir: Path, chapters: tuple[str, ...] = (CH1,)) -> d
     full = expect(CH1_POINTS)
     add("honest", solved(CH1, source_dir), full)
     for chapter in chapters[1:]:
-        from autograder import registry
         exercises = registry.get(chapter).exercises
         add("honest", solved(chapter, source_dir), expect({e.name: e.points for e in exercises}),
             name=f"{chapter}.ipynb")
