@@ -1,0 +1,131 @@
+"""The bug hunts of chapters 1–3 work as promised: predict → fix → re-run until ✓.
+
+Each bug-hunt cell of a source notebook is run as it stands (it must print "✗ still buggy" and not the
+answer), then with the fix its folded answer describes (it must print "✓ fixed"). The cells run in-process,
+after the chapter's first cell, its helpers, and its solution and given cells, like a learner who has done
+the exercises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import nbformat
+import pytest
+
+from autograder import registry
+
+# chapter id -> {a substring that identifies the bug cell: [(old, new), ...] the fix}
+FIXES: dict[str, dict[str, list[tuple[str, str]]]] = {
+    "01_attention_by_hand": {
+        "def buggy_scores(": [("/ q.shape[-1]", "/ math.sqrt(q.shape[-1])")],
+        "def buggy_softmax(": [("e = x.exp()", "e = (x - x.amax(dim=dim, keepdim=True)).exp()")],
+        "def buggy_weights(": [("dim=-2", "dim=-1")],
+        "def buggy_causal_mask(": [(".tril()", ".tril(diagonal=seq_k - seq_q)")],
+        "def buggy_causal_attention(": [("masked_fill(mask,", "masked_fill(~mask,")],
+        "def buggy_attention(": [(
+            "    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)\n"
+            "    if mask is not None:\n"
+            "        w = w.masked_fill(~mask, 0.0)\n",
+            "    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])\n"
+            "    if mask is not None:\n"
+            "        s = s.masked_fill(~mask, torch.finfo(s.dtype).min)\n"
+            "    w = torch.softmax(s, dim=-1)\n")],
+        "def buggy_attention_fill(": [(
+            "    w = torch.softmax(s, dim=-1)\n",
+            "    w = torch.softmax(s, dim=-1)\n    if mask is not None:\n        w = w * mask.any(dim=-1, keepdim=True)\n")],
+    },
+    "02_multi_head_attention": {
+        "def split_heads_a(": [("(d_head heads) -> batch heads seq d_head", "(heads d_head) -> batch heads seq d_head")],
+        "def merge_heads_b(": [("return x.reshape(", "return x.transpose(1, 2).reshape(")],
+        "class MultiHeadAttentionC(": [("        q = q / math.sqrt(self.d_head)\n", "")],
+        "def split_heads_d(": [(
+            "    d_head = x.shape[-1] // n_heads\n",
+            "    if x.shape[-1] % n_heads:\n        raise ValueError(f'd_model={x.shape[-1]} is not divisible by "
+            "n_heads={n_heads}')\n    d_head = x.shape[-1] // n_heads\n")],
+        "class TinyLM(": [("self.attn(x))", "self.attn(x, is_causal=True))")],
+    },
+    "03_positional_encodings": {
+        "def buggy_encoding_1(": [("torch.cos(angle), torch.sin(angle)", "torch.sin(angle), torch.cos(angle)")],
+        "def buggy_encoding_2(": [("10000 ** (i / d_model)", "10000 ** (2 * i / d_model)")],
+        "def rope_attention(": [(
+            "q, k, v = apply_rope(q, start_pos), apply_rope(k, start_pos), apply_rope(v, start_pos)",
+            "q, k = apply_rope(q, start_pos), apply_rope(k, start_pos)")],
+        "def rope_halves(": [("rotate_q, rotate_k = apply_rope, rope_halves", "rotate_q, rotate_k = apply_rope, apply_rope")],
+        "class BuggyLearned(": [("torch.arange(x.shape[1])", "torch.arange(start_pos, start_pos + x.shape[1])")],
+        "def positions_for(": [(
+            "    return torch.arange(length).clamp(max=max_len - 1)",
+            "    if length > max_len:\n        raise ValueError(f'{length} tokens go past max_len={max_len}')\n"
+            "    return torch.arange(length)")],
+        "buggy_bias = alibi_slopes(1)": [("buggy_bias = alibi_slopes(1)", "buggy_bias = -alibi_slopes(1)")],
+    },
+}
+
+
+def _meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def _without_markers(source: str) -> str:
+    return "\n".join(line for line in source.splitlines() if "### BEGIN SOLUTION" not in line
+                     and "### END SOLUTION" not in line and not line.lstrip().startswith("%"))
+
+
+def _context(nb) -> dict:
+    """A namespace after the first cell, the helpers, and every solution and given cell."""
+    namespace: dict = {"__name__": "__bug_hunt__"}
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for cell in code:
+        meta = _meta(cell)
+        if cell is code[0] or "def verdict(" in cell.source or meta.get("solution") or (
+                meta.get("locked") and not meta.get("grade")):
+            exec(compile(_without_markers(cell.source), "<cell>", "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+def _run(source: str, namespace: dict) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(source, "<bug hunt>", "exec"), dict(namespace))  # noqa: S102
+    return out.getvalue()
+
+
+CASES = [(chapter, marker) for chapter, fixes in FIXES.items() for marker in fixes]
+
+
+@pytest.fixture(scope="module")
+def contexts():
+    return {}
+
+
+@pytest.mark.parametrize("chapter,marker", CASES, ids=[f"{c}:{m.strip('(')}" for c, m in CASES])
+def test_bug_hunt_cell_prints_symptom_then_check_after_fix(chapter, marker, contexts, monkeypatch):
+    monkeypatch.setenv("TDD_QUICK", "1")  # short training in the missing-causal-mask hunt
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = nbformat.read(registry.get(chapter).source_path(), as_version=4)
+    if chapter not in contexts:
+        contexts[chapter] = _context(nb)
+    cells = [c for c in nb.cells if c.cell_type == "code" and marker in c.source and "verdict(" in c.source]
+    assert len(cells) == 1, f"{chapter}: {len(cells)} bug-hunt cells contain {marker!r}"
+    source = cells[0].source
+    before = _run(source, contexts[chapter])
+    assert "✗ still buggy" in before and "✓" not in before, before
+    fixed = source
+    for old, new in FIXES[chapter][marker]:
+        assert old in fixed, f"{chapter}: the fix of {marker!r} no longer applies: {old!r} is not in the cell"
+        fixed = fixed.replace(old, new)
+    after = _run(fixed, contexts[chapter])
+    assert "✓ fixed" in after and "✗" not in after, after
+
+
+@pytest.mark.parametrize("chapter", list(FIXES))
+def test_bug_hunts_every_verdict_cell_has_a_fix(chapter):
+    nb = nbformat.read(registry.get(chapter).source_path(), as_version=4)
+    hunts = [c.source for c in nb.cells if c.cell_type == "code" and "verdict(" in c.source
+             and "def verdict(" not in c.source]
+    assert hunts, f"{chapter} has no bug hunt"
+    for source in hunts:
+        assert any(marker in source for marker in FIXES[chapter]), f"{chapter}: a bug hunt without a tested fix:\n{source}"
+    answers = [c.source for c in nb.cells if c.cell_type == "markdown" and "<details>" in c.source]
+    assert len(answers) >= len(hunts) + 2, f"{chapter}: every bug hunt and 2+ predict prompts need a folded answer"
