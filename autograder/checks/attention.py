@@ -354,6 +354,13 @@ def _tiled_bad_inputs(gen: torch.Generator) -> dict[str, Any]:
             "call": f"tiled_attention(q, k, v, block_size={block_size})"}
 
 
+def _sdpa_float_mask_inputs(gen: torch.Generator) -> dict[str, Any]:
+    q, k, v = (_randn(gen, 1, 2, 3, 4) for _ in range(3))
+    mask = torch.ones(3, 3).tril()  # 0/1 floats: added to the scores, it would hide nothing
+    return {"args": (q, k, v, mask), "argument": "mask",
+            "call": "scaled_dot_product_attention(q, k, v, mask=<a float 0/1 mask>)"}
+
+
 def _judge_tiled(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
     q, k, v = inputs["args"]
     block_size = inputs["kwargs"]["block_size"]
@@ -431,6 +438,8 @@ _SDPA = (
     _case("float16 with a causal mask", _sdpa_inputs(1, 2, 4, 4, 8, mask="causal", dtype=torch.float16), _judge_sdpa),
     _case("gradients flow to q, k and v", _sdpa_inputs(1, 2, 3, 4, 8, mask="causal", grad=True), _judge_sdpa,
           probe="call_with_grad"),
+    _case("a float mask raises ValueError (_check_mask)", _sdpa_float_mask_inputs, _judge_value_error,
+          probe="call_or_error"),
 )
 _TILED = (
     _case("equals F.scaled_dot_product_attention, 8 blocks of 8 keys", _tiled_inputs((1, 2), 6, 64, 4, 8),

@@ -121,11 +121,16 @@ def padding_on_queries(tokens, pad_id):
 
 
 def _sdpa(*, scale="sqrt", fill="finfo", zero_dead_rows=True, softmax_dim=-1, after=False, invert=False,
-          detach=False):
+          detach=False, check=True):
     def sdpa(q, k, v, mask=None):
+        if check and mask is not None and mask.dtype != torch.bool:
+            raise ValueError(f"mask must be a bool tensor with True = may attend; got dtype {mask.dtype}")
         scores = einsum(q, k, "... seq_q d_head, ... seq_k d_head -> ... seq_q seq_k")
         scores = scores / {"sqrt": math.sqrt(q.shape[-1]), "none": 1.0, "d_k": q.shape[-1]}[scale]
-        keep = None if mask is None else (mask if not invert else ~mask)
+        if not check and mask is not None and mask.dtype != torch.bool:
+            keep = mask.bool()  # "converts" the mask instead of refusing it
+        else:
+            keep = None if mask is None else (mask if not invert else ~mask)
         if keep is not None and not after:
             value = {"finfo": torch.finfo(scores.dtype).min, "-inf": -math.inf, "-1e4": -1e4, "-1e9": -1e9}[fill]
             scores = scores.masked_fill(~keep, value)
@@ -244,6 +249,9 @@ MUTANTS: list[Mutant] = [
     Mutant("sdpa_detached_weights", "scaled_dot_product_attention",
            "weights detached from the graph: no gradient reaches q and k, W_Q and W_K never learn",
            _sdpa(detach=True)),
+    Mutant("sdpa_mask_unchecked", "scaled_dot_product_attention",
+           "a float 0/1 mask is silently converted with .bool() instead of refused: a float mask usually means "
+           "an additive one (0 = keep, -inf = hide), whose 0s would then hide the kept keys", _sdpa(check=False)),
     Mutant("tiled_output_not_rescaled", "tiled_attention",
            "the running sum is rescaled when the max grows, the running output is not: earlier blocks "
            "keep too much weight", _tiled(rescale_output=False)),
