@@ -4,10 +4,15 @@
     python -m solutions.train vit --metrics-json vit.json
     python -m solutions.train gpt --data my_text.txt --device cuda
 
-Each task lives in ``solutions/trainers/<task>.py`` and provides
-``add_arguments(parser)`` (its own options) and ``run(args) -> dict`` (trains,
-prints the held-out metric, saves a checkpoint under ``args.out``, returns the
-final held-out metrics).
+Each task lives in ``solutions/trainers/<task>.py`` and provides the same names:
+``KIND`` (its name in checkpoints), ``add_arguments(parser)`` (its own options),
+``build_model(config)`` (the model from a config dict, as saved in the checkpoint),
+``evaluate(...)`` (held-out metrics) and ``run(args) -> dict`` (trains, prints the
+held-out metric, saves a checkpoint under ``args.out`` in the format of
+:mod:`solutions.checkpoint`, returns the final held-out metrics).
+
+``main`` is the console entry point (``tdd-train`` and ``python -m solutions.train``):
+exit status 0 on success, 2 with one ``error: …`` line on bad input.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("error: --device cuda but no CUDA device is available; use --device cpu or auto")
+        raise ValueError("--device cuda but no CUDA device is available; use --device cpu or auto")
     return torch.device(name)
 
 
@@ -64,20 +69,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> dict:
+def train(argv: list[str] | None = None) -> dict:
+    """Parse ``argv``, train, write ``--metrics-json``; returns the metrics. Bad input raises ValueError."""
     args = build_parser().parse_args(argv)
     seed_everything(args.seed)
     args.device = resolve_device(args.device)
     trainer = importlib.import_module(f"solutions.trainers.{args.task}")
-    try:
-        metrics = trainer.run(args)
-    except ValueError as err:  # bad data or options: say what is wrong, no traceback
-        raise SystemExit(f"error: {err}") from None
+    metrics = trainer.run(args)
     if args.metrics_json is not None:
         args.metrics_json.parent.mkdir(parents=True, exist_ok=True)
         args.metrics_json.write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: 0 on success; 2 and one ``error: …`` line (no traceback) on bad data or options."""
+    try:
+        train(argv)
+    except (ValueError, OSError) as err:  # bad data, options or paths: say what is wrong
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))
