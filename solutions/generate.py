@@ -13,6 +13,7 @@ context (``max_len``, the training block size).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.samples > 1:
                 print(f"--- sample {i + 1} ---")
             print(tokenizer.decode(out[0].tolist()))
+    except BrokenPipeError:  # the reader stopped early (`| head`): nothing is wrong, stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail again
+        return 0
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ source and target tokenizers.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -116,7 +117,9 @@ def _read_lines(path: Path | None) -> list[str]:
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as err:
-            raise ValueError(f"--input {path}: not UTF-8 ({err.reason} at byte {err.start}); save it as UTF-8") from None
+            raise ValueError(
+                f"--input {path}: not UTF-8 ({err.reason} at byte {err.start}); save it as UTF-8"
+            ) from None
     # Split on newlines only (str.splitlines also splits on \x1c, \u2028 …, which may be inside a line).
     lines = text.split("\n")
     if lines and lines[-1] == "":
@@ -137,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         translator = load_translator(args.checkpoint, device, args.batch_size)
         for line in translator.translate(_read_lines(args.input), beam=args.beam):
             print(line)
+    except BrokenPipeError:  # the reader stopped early (`| head`): nothing is wrong, stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail again
+        return 0
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -42,7 +42,8 @@ def test_bpe_learns_frequent_pieces_within_the_vocab_size():
     tokenizer = train_tokenizer("bpe", TEXTS, vocab_size=40)
     assert len(tokenizer) <= 40
     assert len(tokenizer.pieces("March")) < len("▁March")  # merged: fewer pieces than characters
-    assert tokenizer.pieces("2021") == ["▁", "2", "0", "2", "1"]  # ▁ = the text's start; digits split, so years share pieces
+    # ▁ marks the start of the text; digits are split, so every year shares the same ten pieces.
+    assert tokenizer.pieces("2021") == ["▁", "2", "0", "2", "1"]
     bigger = train_tokenizer("bpe", TEXTS, vocab_size=2000)
     assert len(tokenizer) < len(bigger) < 2000  # a soft limit: the small text has fewer pieces to learn
     assert bigger.pieces("March") == ["▁March"]

@@ -1,4 +1,5 @@
-"""The `tdd-train` console script (= python -m solutions.train): exit 0 on success, 2 and one error line on bad input."""
+"""The `tdd-train` console script (= python -m solutions.train): exit 0 on success, 2 and one error line on bad
+input."""
 
 from __future__ import annotations
 

@@ -109,7 +109,9 @@ def load_npz(
 
 # torchvision's ImageFolder accepts these suffixes (case-insensitive).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
-FOLDER_LAYOUT = "DIR/<class name>/<image>: one sub-folder per class, holding only images (torchvision's ImageFolder layout)"
+FOLDER_LAYOUT = (
+    "DIR/<class name>/<image>: one sub-folder per class, holding only images (torchvision's ImageFolder layout)"
+)
 
 
 def _class_files(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:

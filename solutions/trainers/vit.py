@@ -121,7 +121,9 @@ def load_data(args: argparse.Namespace) -> tuple[tuple[Tensor, Tensor], tuple[Te
     return train, test, source, [str(label) for label in range(n_classes)]
 
 
-def resize(images: Float[Tensor, "batch channels height width"], side: int) -> Float[Tensor, "batch channels side side"]:
+def resize(
+    images: Float[Tensor, "batch channels height width"], side: int
+) -> Float[Tensor, "batch channels side side"]:
     """Bilinear resize (antialiased when shrinking) to ``side`` × ``side``."""
     return F.interpolate(images, size=(side, side), mode="bilinear", antialias=True, align_corners=False)
 
