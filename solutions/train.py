@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 TASKS = {
-    "translate": "English number words → German number words with an encoder-decoder Transformer",
-    "vit": "8×8 handwritten digits with a Vision Transformer (and a CNN baseline)",
-    "gpt": "a character-level decoder-only model on the embedded text, with KV-cache sampling",
+    "translate": "English number words → German number words (or your --data pairs) with an encoder-decoder",
+    "vit": "8×8 handwritten digits (or your --data images) with a Vision Transformer (and a CNN baseline)",
+    "gpt": "a character-level decoder-only model on the embedded text (or your --data text), with KV-cache sampling",
 }
 
 
@@ -56,11 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     for task, summary in TASKS.items():
         sub = tasks.add_parser(task, help=summary, description=summary)
         sub.add_argument("--out", type=Path, default=None,
-                         help="directory for the checkpoint (model.pt) and config; nothing is saved when omitted")
+                         help="save the run in this directory: model.pt (config, weights, tokenizers or class names, "
+                              "metrics; see solutions/checkpoint.py); nothing is saved when omitted")
         sub.add_argument("--metrics-json", type=Path, default=None,
                          help="write the final held-out metrics to this JSON file")
         sub.add_argument("--data", type=Path, default=None,
-                         help="your own data file instead of the embedded data set (format: see the task's help)")
+                         help="your own data instead of the embedded data set (a file, or a folder of images for "
+                              "vit; the format is at the end of the task's --help)")
         sub.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                          help="where to train (default: auto = CUDA if available, else CPU)")
         sub.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
