@@ -116,7 +116,7 @@ def test_train_gpt_bad_options_raise_value_error(extra: list[str], match: str) -
 
 def test_train_gpt_param_groups_skip_decay_on_biases_norms_embeddings() -> None:
     model = GPT(GPTConfig(vocab=20, max_len=16, d_model=32, n_heads=4, n_layers=2))
-    decay, no_decay = trainer._param_groups(model, 0.1)
+    decay, no_decay = trainer.parameter_groups(model, 0.1)
     names = {id(p): n for n, p in model.named_parameters()}
     decayed = {names[id(p)] for p in decay["params"]}
     assert decayed and all(n.endswith("weight") and "norm" not in n and "embedding" not in n for n in decayed)

@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--top-k", type=int, default=None, help="sample from the k most likely characters only")
 
 
-def _param_groups(model: GPT, weight_decay: float) -> list[dict]:
+def parameter_groups(model: GPT, weight_decay: float) -> list[dict]:
     """Weight decay on the matrices of Linear layers only: not on biases, LayerNorm or embeddings."""
     decay, no_decay = [], []
     embeddings = {id(p) for mod in model.modules() if isinstance(mod, torch.nn.Embedding) for p in mod.parameters()}
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> dict:
     data = load_text_dataset(args.data, args.val_fraction, args.block_size + 1, args.tokenizer, args.vocab_size)
     model = build_model(model_config(args, len(data.vocab))).to(device)
     config = model.config
-    optimizer = torch.optim.AdamW(_param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(parameter_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
     generator = torch.Generator().manual_seed(args.seed)
     n_params = sum(p.numel() for p in model.parameters())
     unit = "characters" if args.tokenizer == "char" else "BPE tokens"

@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> dict:
         torch.set_num_threads(threads)  # set_num_threads is process-wide: give it back
 
 
-def _run(args: argparse.Namespace) -> dict:
+def _check_args(args: argparse.Namespace) -> None:
     if not 0.0 <= args.label_smoothing < 1.0:
         raise ValueError(f"--label-smoothing must be in [0, 1); got {args.label_smoothing}")
     if args.threads is not None and args.threads < 1:
@@ -199,6 +199,10 @@ def _run(args: argparse.Namespace) -> dict:
     for name in ("epochs", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}")
+
+
+def _run(args: argparse.Namespace) -> dict:
+    _check_args(args)
     (train_x, train_y), (test_x, test_y), source, classes = load_data(args)
     in_channels, image_size = train_x.shape[1], train_x.shape[-1]
     if args.threads is not None or image_size <= 16:
