@@ -223,7 +223,7 @@ class CachedAttention(MultiHeadAttention):
         cache: DecoderCache | None = None,
         layer: int = 0,
     ) -> Float[Tensor, "batch seq_q d_model"]:
-        """As ``MultiHeadAttention.forward``; with ``cache``, ``x`` holds only the new tokens (``layer`` = which layer)."""
+        """As ``MultiHeadAttention.forward``; with ``cache``, ``x`` holds only the new tokens (of layer ``layer``)."""
         if cache is None:
             return super().forward(x, context, mask, is_causal=is_causal)
         if context is None:

@@ -333,7 +333,7 @@ def _judge_padding(inputs: dict, outputs: dict) -> None:
 
 
 def _noam(step: int, d_model: int, warmup: int, factor: float) -> float:
-    """The Noam formula, written out here: factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), step 0 as 1."""
+    """The Noam formula written out: factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), step 0 as 1."""
     step = max(step, 1)
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
@@ -399,7 +399,8 @@ def _noam_bad_inputs(gen: torch.Generator) -> dict:
 
 
 def _judge_noam_bad(inputs: dict, outputs: dict) -> None:
-    for ((step, d_model, warmup), _), result, name in zip(inputs["calls"], outputs["results"], ("step", "d_model", "warmup")):
+    names = ("step", "d_model", "warmup")
+    for ((step, d_model, warmup), _), result, name in zip(inputs["calls"], outputs["results"], names):
         _expect_value_error(result["error"], (name,), f"noam_lr({step}, d_model={d_model}, warmup={warmup}) has a "
                             f"{name} that is not allowed")
 
@@ -442,8 +443,8 @@ def _judge_scheduler_refuses(inputs: dict, outputs: dict) -> None:
         scaled = all(math.isclose(got, lr * _noam(step, d_model, warmup, factor), rel_tol=1e-6)
                      for step, row in enumerate(lrs) for got, lr in zip(row, inputs["lrs"]))
         if scaled:
-            fail(f"with an optimizer made with lr={bad[0]} your schedule is silently {bad[0]}× the Noam rate: LambdaLR "
-                 "multiplies the optimizer's lr by the lambda. Refuse any lr other than 1.0 with a ValueError "
+            fail(f"with an optimizer made with lr={bad[0]} your schedule is silently {bad[0]}× the Noam rate: "
+                 "LambdaLR multiplies the optimizer's lr by the lambda. Refuse any lr other than 1.0 with a ValueError "
                  "that names lr")
     _expect_value_error(outputs["error"], ("lr",), f"the optimizer was made with lr={bad[0]} (the schedule is the "
                         "whole learning rate, so the optimizer's lr must be 1.0)")
@@ -522,8 +523,8 @@ _LS_MISTAKES = {
     "library uses PyTorch's: q = (1−ε)·onehot + ε/V on every class",
     "twice": "the smoothing is applied twice: build q = (1−ε)·onehot + ε/V once",
     "no_smoothing": "epsilon is ignored: the target distribution is q = (1−ε)·onehot + ε/V, not the one-hot",
-    "kl": "you computed the KL divergence KL(q‖p) = cross-entropy − H(q): the same gradient, but the value is lower "
-    "by the entropy of q. Return the cross-entropy −Σ q·log p",
+    "kl": "you computed the KL divergence KL(q‖p) = cross-entropy − H(q): the same gradient, but the value is "
+    "lower by the entropy of q. Return the cross-entropy −Σ q·log p",
 }
 
 
@@ -766,7 +767,8 @@ def _beam_by_hand(model: LookupModel, src: Tensor, beam: int, max_len: int, bos:
     return out
 
 
-def _exhaustive_best(model: LookupModel, src: Tensor, max_len: int, bos: int, eos: int, alpha: float) -> list[list[int]]:
+def _exhaustive_best(model: LookupModel, src: Tensor, max_len: int, bos: int, eos: int,
+                     alpha: float) -> list[list[int]]:
     """The best hypothesis of each row by normalised score, over every sequence (small vocabularies only)."""
     words = [t for t in range(model.config.tgt_vocab) if t != eos and float(model.first[:, :, :, t].max()) > NEVER / 2]
     out = []
