@@ -805,10 +805,10 @@ def _row_value(model: LookupModel, src: Tensor, row: int, tokens: list[int], max
 _BEAM_MISTAKES = {
     "all_start_zero": "all beams start with score 0, so the first step fills the beam with copies of one prefix "
     "and the runner-up is lost: start one beam at 0 and the others at -inf",
-    "no_length_penalty": "length_penalty is ignored: pick the best finished hypothesis by "
-    "score / ((5 + length) / 6) ** length_penalty",
-    "filler_counted": "the length of a finished hypothesis keeps growing after its EOS: count the generated tokens "
-    "up to and including EOS only",
+    # Counting loop steps instead of tokens up to EOS gives every hypothesis the same length: the same ranking.
+    "no_length_penalty": "length normalisation has no effect: pick the best finished hypothesis by "
+    "score / ((5 + length) / 6) ** length_penalty, with length = its tokens up to and including EOS (not the "
+    "number of steps, which is the same for every beam)",
     "finished_extended": "finished hypotheses keep being extended (and their scores keep changing): a finished beam "
     "has exactly one continuation, the filler token, at no cost",
 }
@@ -834,9 +834,11 @@ def _judge_beam(inputs: dict, outputs: dict, *, exhaustive: bool = False, check_
                      "decoding, and restore the model's mode afterwards")
         if any(eos in row for row in rows):
             fail("a row contains EOS: return each row's tokens up to, not including, its first EOS")
-        for bug, message in _BEAM_MISTAKES.items():
-            if rows == _beam_by_hand(model, src, beam, max_len, bos, eos, alpha, bug):
-                fail(message)
+        matching = [message for bug, message in _BEAM_MISTAKES.items()
+                    if rows == _beam_by_hand(model, src, beam, max_len, bos, eos, alpha, bug)]
+        if matching:  # on a small model two mistakes can give the same output: name them all
+            fail(matching[0] if len(matching) == 1 else "your output is what either of these mistakes gives: "
+                 + "; or ".join(matching))
         if beam > 1 and rows == _greedy_by_hand(model, src, max_len, bos, eos):
             fail(f"your beam search returns the greedy answer: keep the {beam} best prefixes at each step "
                  "(top-k over every beam × token), not only the best one")
@@ -861,13 +863,14 @@ def _beam_inputs(gen: torch.Generator, *, beam: int = 3, alpha: float = 0.6, **k
 
 
 def _trap_inputs(gen: torch.Generator) -> dict:
-    """Two hand-built tables. Table 0: greedy's first choice (p 0.5) leads nowhere likely; the runner-up (p 0.4)
+    """Three hand-built tables. Table 0: greedy's first choice (p 0.5) leads nowhere likely; the runner-up (p 0.4)
     ends with p 0.9, so beam search with 2 beams finds the more probable translation greedy misses. Table 1:
-    the best total log-probability is a short answer, the best length-normalised score a longer one."""
+    the best total log-probability is a short answer, the best length-normalised score a longer one. Table 2:
+    the best answer finishes first and must stay as it is while the other beam goes on."""
     vocab, max_len = 8, 5
     bos, eos, pad = 1, 2, 0
     a, b, c, d = (torch.randperm(vocab - 3, generator=gen)[:4] + 3).tolist()
-    first = torch.full((2, max_len + 1, vocab, vocab), -8.0)
+    first = torch.full((3, max_len + 1, vocab, vocab), -8.0)
     first[..., bos] = NEVER
     first[..., pad] = NEVER
 
@@ -885,13 +888,18 @@ def _trap_inputs(gen: torch.Generator) -> dict:
     distribution(1, 1, b, {c: 0.8, eos: 0.1, a: 0.1})
     distribution(1, 2, c, {d: 0.74, eos: 0.2, a: 0.06})
     distribution(1, slice(3, None), slice(None), {eos: 0.9, a: 0.1})
+    distribution(2, 0, slice(None), {a: 0.85, b: 0.15})
+    distribution(2, 1, a, {eos: 0.9, c: 0.1})
+    distribution(2, 1, b, {c: 0.99})
+    distribution(2, 2, c, {d: 0.99})
+    distribution(2, slice(3, None), slice(None), {eos: 0.9, a: 0.1})
     first[:, :, eos, :] = -8.0  # after EOS anything goes: a finished hypothesis must not be extended
     first[:, :, eos, bos] = NEVER
     first[:, :, eos, pad] = NEVER
-    order = torch.randperm(2, generator=gen)
-    src = torch.cat([order[:, None], torch.randint(3, vocab, (2, 3), generator=gen)], dim=1)
-    return {"model": {"first": first, "second": torch.zeros(2, max_len + 1, vocab + 1, vocab),
-                      "noise": torch.randn(2, max_len + 1, vocab, generator=gen) * 6.0, "pad_id": pad},
+    order = torch.randperm(3, generator=gen)
+    src = torch.cat([order[:, None], torch.randint(3, vocab, (3, 3), generator=gen)], dim=1)
+    return {"model": {"first": first, "second": torch.zeros(3, max_len + 1, vocab + 1, vocab),
+                      "noise": torch.randn(3, max_len + 1, vocab, generator=gen) * 6.0, "pad_id": pad},
             "args": (src, 2, max_len, bos, eos), "kwargs": {"length_penalty": 1.0}, "train": False}
 
 
@@ -1033,8 +1041,9 @@ CHECKS: dict[str, Check] = {
     "beam_search": Check(
         name="beam_search",
         visible=(
-            Case("2 beams find the more probable translation that greedy misses; length normalisation picks the "
-                 "longer one when it should", _trap_inputs, "decode_lookup", _judge_beam),
+            Case("2 beams find the more probable translation that greedy misses, length normalisation picks the "
+                 "longer one when it should, a finished beam stays as it is", _trap_inputs, "decode_lookup",
+                 _judge_beam),
             Case("each beam continues its parent's tokens and cache (3 beams, a model with two tokens of history)",
                  _beam_inputs, "decode_lookup", _judge_beam),
         ),
