@@ -6,8 +6,8 @@ and answers on a private copy of its original stdout; the learner's own prints g
 to stderr, which the grader drains with a size cap. Requests:
 
 * ``{"op": "cell", "source": str}`` — run one cell with IPython (magics work);
-  answer ``{"ok": bool, "error": str | None, "syntax": bool}``. An error does not stop
-  later cells.
+  answer ``{"ok": bool, "error": str | None, "kind": "memory" | "raised" | None}``. An
+  error does not stop later cells.
 * ``{"op": "probe", "target": str, "probe": str, "inputs": str, "forbidden": [str],
   "answer_files": [str]}`` — call :func:`autograder.checks.probes.execute` *directly*
   (not through ``run_cell``, so input transformers and ``showtraceback`` overrides never
@@ -15,7 +15,8 @@ to stderr, which the grader drains with a size cap. Requests:
 * ``{"op": "exit"}``.
 
 The first answer, sent before any learner code runs, is ``{"ok": true, "ready": true,
-"pid": <pid>}``. This process decides nothing: the verdict is computed by the grader
+"pid": <pid>}``, or ``{"ok": false, "ready": false, "error": ...}`` when the kernel cannot
+work within its limits (a self-test allocates a tensor and runs a cell). This process decides nothing: the verdict is computed by the grader
 from the outputs, so whatever the learner's code does to this process (patching
 ``torch``, ``builtins``, IPython) can only change its own outputs.
 """
@@ -94,16 +95,24 @@ def _send(fd: int, wire, message: dict) -> None:
         view = view[os.write(fd, view):]
 
 
+def _error_kind(err: BaseException) -> str:
+    """``memory`` or ``raised``, by identity with the real classes (never by a name the learner chose)."""
+    if isinstance(err, MemoryError):
+        return "memory"
+    if isinstance(err, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(err):
+        return "memory"
+    return "raised"
+
+
 def _run_cell(shell, source: str) -> dict:
     type_ = type
     try:
         result = shell.run_cell(source, store_history=False, silent=False)
         err = result.error_before_exec or result.error_in_exec
-        syntax = isinstance(result.error_before_exec, SyntaxError)
-        answer = {"ok": err is None, "syntax": syntax,
-                  "error": None if err is None else f"{type_(err).__name__}: {str(err)[:500]}"}
+        answer = {"ok": err is None, "kind": None if err is None else _error_kind(err),
+                  "error": None if err is None else f"{type_(err).__name__}: {str(err)[:300]}"}
     except BaseException as err:  # noqa: BLE001 — a SystemExit from the cell must not end the runner
-        answer = {"ok": False, "syntax": False, "error": f"{type_(err).__name__}: {str(err)[:500]}"}
+        answer = {"ok": False, "kind": _error_kind(err), "error": f"{type_(err).__name__}: {str(err)[:300]}"}
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -126,6 +135,21 @@ def _run_probe(user_ns: dict, execute, request: dict) -> dict:
     return answer
 
 
+def _self_test(shell) -> str | None:
+    """Why this kernel cannot run a notebook within its limits (None when it can), before any learner code."""
+    try:
+        import torch
+
+        torch.ones(256, 256).sum().item()
+        result = shell.run_cell("_tdd_probe = [0] * 1000\ndel _tdd_probe", store_history=False, silent=True)
+        err = result.error_before_exec or result.error_in_exec
+        if err is not None:
+            return f"{type(err).__name__}: {str(err)[:200]}"
+    except BaseException as err:  # noqa: BLE001 — reported as a kernel that cannot start
+        return f"{type(err).__name__}: {str(err)[:200]}"
+    return None
+
+
 def _serve(answer_fd: int, shell, wire, execute) -> int:
     import builtins
 
@@ -133,6 +157,10 @@ def _serve(answer_fd: int, shell, wire, execute) -> int:
     main_pid, getpid, exit_now = os.getpid(), os.getpid, os._exit
     send, read_exact, run_cell, run_probe = _send, _read_exact, _run_cell, _run_probe
     user_ns = shell.user_ns
+    problem = _self_test(shell)
+    if problem:
+        send(answer_fd, wire, {"ok": False, "ready": False, "error": problem})
+        return 1
     send(answer_fd, wire, {"ok": True, "ready": True, "pid": main_pid})
     while True:
         try:
@@ -159,7 +187,11 @@ def main() -> int:
     answer_fd = _open_answer_channel()
     shell_class, wire, execute = _import_trusted()
     _enter_sandbox(limits)
-    shell = shell_class.instance()
+    try:
+        shell = shell_class.instance()
+    except BaseException as err:  # noqa: BLE001 — e.g. a memory limit too low to build the shell
+        _send(answer_fd, wire, {"ok": False, "ready": False, "error": f"{type(err).__name__}: {str(err)[:200]}"})
+        return 1
     return _serve(answer_fd, shell, wire, execute)
 
 

@@ -315,6 +315,13 @@ class Runner:
             ready = self._read_answer(self.limits.start_seconds)
         except RunnerDied as died:
             raise RunnerDied("start", f"the kernel could not start: {died}") from None
+        if ready.get("ready") is not True:
+            self.kill()
+            why = str(ready.get("error", ""))[:200]
+            if "MemoryError" in why or "allocate" in why:
+                why = (f"it cannot work within the memory limit of {self.limits.memory_bytes / 2**30:g} GB "
+                       "(address space; PyTorch alone maps about 3.5 GB): raise --memory-gb")
+            raise RunnerDied("start", f"the kernel could not start: {why}")
         pid = ready.get("pid")
         self._runner_pid = pid if type(pid) is int else None
         self._namespace = self._find_namespace()

@@ -151,6 +151,7 @@ class Session:
         self.runner, self.cells, self.limits = runner, cells, limits
         self.deadline = time.monotonic() + limits.notebook_seconds
         self.killed: dict[int, sandbox.RunnerDied] = {}  # cell index -> what stopped it
+        self.errors: dict[int, tuple[str, str]] = {}  # cell index -> (kind, message) of a cell that raised
         self.dead: sandbox.RunnerDied | None = None  # set when the notebook cannot go on
 
     def time_left(self) -> float:
@@ -183,7 +184,12 @@ class Session:
                 self.dead = self.out_of_time()
                 return True
             try:
-                self.runner.request({"op": "cell", "source": src}, min(self.limits.cell_seconds, left))
+                answer = self.runner.request({"op": "cell", "source": src}, min(self.limits.cell_seconds, left))
+                if answer.get("ok") is False:
+                    kind = answer.get("kind") if answer.get("kind") in ("memory", "raised") else "raised"
+                    self.errors[i] = (kind, str(answer.get("error", ""))[:300])
+                else:
+                    self.errors.pop(i, None)
             except sandbox.RunnerDied as died:
                 if self.time_left() <= 0:
                     self.dead = self.out_of_time()
@@ -242,12 +248,25 @@ def judge(chapter: registry.Chapter, session: Session, flags: dict[str, str | No
             continue
         verdict = core.judge_check(checks[ex.name], session.probe(ex, checks[ex.name].forbidden, answer_files),
                                    fresh_seeds(level), level=level)
-        if verdict.status == status.MISSING and syntax and "is not defined" in verdict.reason:
-            cell_index, message = _syntax_error_for(ex.target, syntax, session.cells)
-            verdict = core.Verdict(status.ERROR, f"cell {cell_index} has a syntax error ({message}), so "
-                                                 f"{ex.target} was never defined")
+        if verdict.status == status.MISSING and "is not defined" in verdict.reason:
+            verdict = _why_not_defined(ex, verdict, cell, session, syntax)
         rows.append(row(ex, verdict.status, verdict.reason))
     return rows
+
+
+def _why_not_defined(ex: registry.Exercise, verdict: core.Verdict, cell: int | None, session: Session,
+                     syntax: dict[int, str]) -> core.Verdict:
+    """A clearer verdict than "not defined" when the cell that should define it failed."""
+    if syntax and (cell is None or cell in syntax):
+        cell_index, message = _syntax_error_for(ex.target, syntax, session.cells)
+        return core.Verdict(status.ERROR, f"cell {cell_index} has a syntax error ({message}), so "
+                                          f"{ex.target} was never defined")
+    if cell is not None and cell in session.errors:
+        kind, message = session.errors[cell]
+        if kind == "memory":
+            return core.Verdict(status.MEMORY, f"the cell that defines {ex.target} ran out of memory ({message})")
+        return core.Verdict(status.ERROR, f"the cell that defines {ex.target} raised {message}")
+    return verdict
 
 
 def _syntax_error_for(target: str, syntax: dict[int, str], cells: list[tuple[int, str]]) -> tuple[int, str]:

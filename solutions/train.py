@@ -4,10 +4,15 @@
     python -m solutions.train vit --metrics-json vit.json
     python -m solutions.train gpt --data my_text.txt --device cuda
 
-Each task lives in ``solutions/trainers/<task>.py`` and provides
-``add_arguments(parser)`` (its own options) and ``run(args) -> dict`` (trains,
-prints the held-out metric, saves a checkpoint under ``args.out``, returns the
-final held-out metrics).
+Each task lives in ``solutions/trainers/<task>.py`` and provides the same names:
+``KIND`` (its name in checkpoints), ``add_arguments(parser)`` (its own options),
+``build_model(config)`` (the model from a config dict, as saved in the checkpoint),
+``evaluate(...)`` (held-out metrics) and ``run(args) -> dict`` (trains, prints the
+held-out metric, saves a checkpoint under ``args.out`` in the format of
+:mod:`solutions.checkpoint`, returns the final held-out metrics).
+
+``main`` is the console entry point (``tdd-train`` and ``python -m solutions.train``):
+exit status 0 on success, 2 with one ``error: …`` line on bad input.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ from pathlib import Path
 import torch
 
 TASKS = {
-    "translate": "English number words → German number words with an encoder-decoder Transformer",
-    "vit": "8×8 handwritten digits with a Vision Transformer (and a CNN baseline)",
-    "gpt": "a character-level decoder-only model on the embedded text, with KV-cache sampling",
+    "translate": "English number words → German number words (or your --data pairs) with an encoder-decoder",
+    "vit": "8×8 handwritten digits (or your --data images) with a Vision Transformer (and a CNN baseline)",
+    "gpt": "a character-level decoder-only model on the embedded text (or your --data text), with KV-cache sampling",
 }
 
 
@@ -33,7 +38,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("error: --device cuda but no CUDA device is available; use --device cpu or auto")
+        raise ValueError("--device cuda but no CUDA device is available; use --device cpu or auto")
     return torch.device(name)
 
 
@@ -51,11 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     for task, summary in TASKS.items():
         sub = tasks.add_parser(task, help=summary, description=summary)
         sub.add_argument("--out", type=Path, default=None,
-                         help="directory for the checkpoint (model.pt) and config; nothing is saved when omitted")
+                         help="save the run in this directory: model.pt (config, weights, tokenizers or class names, "
+                              "metrics; see solutions/checkpoint.py); nothing is saved when omitted")
         sub.add_argument("--metrics-json", type=Path, default=None,
                          help="write the final held-out metrics to this JSON file")
         sub.add_argument("--data", type=Path, default=None,
-                         help="your own data file instead of the embedded data set (format: see the task's help)")
+                         help="your own data instead of the embedded data set (a file, or a folder of images for "
+                              "vit; the format is at the end of the task's --help)")
         sub.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                          help="where to train (default: auto = CUDA if available, else CPU)")
         sub.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
@@ -64,20 +71,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> dict:
+def train(argv: list[str] | None = None) -> dict:
+    """Parse ``argv``, train, write ``--metrics-json``; returns the metrics. Bad input raises ValueError."""
     args = build_parser().parse_args(argv)
     seed_everything(args.seed)
     args.device = resolve_device(args.device)
     trainer = importlib.import_module(f"solutions.trainers.{args.task}")
-    try:
-        metrics = trainer.run(args)
-    except ValueError as err:  # bad data or options: say what is wrong, no traceback
-        raise SystemExit(f"error: {err}") from None
+    metrics = trainer.run(args)
     if args.metrics_json is not None:
         args.metrics_json.parent.mkdir(parents=True, exist_ok=True)
         args.metrics_json.write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: 0 on success; 2 and one ``error: …`` line (no traceback) on bad data or options."""
+    try:
+        train(argv)
+    except (ValueError, OSError) as err:  # bad data, options or paths: say what is wrong
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

@@ -13,6 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from solutions.checkpoint import load_checkpoint, save_checkpoint
+from solutions.data.tokenizer import BPETokenizer
+from solutions.generate import load_gpt
+from solutions.generate import main as generate_main
 from solutions.gpt import GPT, GPTConfig, generate
 from solutions.trainers import gpt as trainer
 
@@ -45,10 +49,11 @@ def test_train_gpt_short_run_beats_unigram_and_saves(tmp_path: Path, capsys: pyt
     assert metrics["val_loss"] < math.log(110) - 1.0
     out = capsys.readouterr().out
     assert "val_loss" in out and "unigram" in out and "--- sample 1 ---" in out
-    checkpoint = torch.load(tmp_path / "model.pt", weights_only=False)
-    model = GPT(GPTConfig(**checkpoint["config"]))
-    model.load_state_dict(checkpoint["model"])
-    assert len(checkpoint["chars"]) == model.config.vocab
+    checkpoint = load_checkpoint(tmp_path, kind="gpt")
+    model = trainer.build_model(checkpoint.config)
+    model.load_state_dict(checkpoint.state_dict)
+    assert len(checkpoint.vocab["tokenizer"]["chars"]) == model.config.vocab
+    assert checkpoint.metrics["val_loss"] == metrics["val_loss"]
     assert generate(model, torch.zeros(1, 1, dtype=torch.long), 10).shape == (1, 11)
 
 
@@ -60,6 +65,42 @@ def test_train_gpt_user_data(tmp_path: Path) -> None:
     assert set(metrics) >= {"val_loss", "unigram_loss"}
     assert math.isfinite(metrics["val_loss"])
     assert metrics["val_loss"] < metrics["unigram_loss"]  # a repeated sentence is easy to predict
+
+
+def test_train_gpt_bpe_tokens_and_generate_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    text = "".join(f"the {w} sat on the mat.\n" for w in ("cat", "dog", "bird", "cow") * 150)
+    (tmp_path / "mine.txt").write_text(text)
+    args = parse(TINY + ["--quiet", "--steps", "30", "--data", str(tmp_path / "mine.txt"), "--tokenizer", "bpe",
+                         "--vocab-size", "60", "--samples", "0", "--eval-chars", "2000",
+                         "--out", str(tmp_path / "run")])
+    metrics = trainer.run(args)
+    assert metrics["tokenizer"] == "bpe" and metrics["val_loss"] < metrics["unigram_loss"]
+    model, tokenizer = load_gpt(tmp_path / "run")
+    assert isinstance(tokenizer, BPETokenizer) and len(tokenizer) <= 60
+    assert tokenizer.decode(tokenizer.encode(text[:200])) == text[:200]  # newlines survive BPE
+    capsys.readouterr()
+    # The CLI prints the prompt and its greedy continuation: the same tokens as generate() on the loaded model.
+    assert generate_main([str(tmp_path / "run"), "--prompt", "the cat", "--temperature", "0",
+                          "--max-new-tokens", "8"]) == 0
+    expected = generate(model, torch.tensor([tokenizer.encode("the cat")]), 8, temperature=0)
+    assert capsys.readouterr().out == tokenizer.decode(expected[0].tolist()) + "\n"
+
+
+def test_generate_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "mine.txt").write_text("abcabcabc " * 100)
+    trainer.run(parse(TINY + ["--quiet", "--steps", "2", "--samples", "0", "--data", str(tmp_path / "mine.txt"),
+                              "--out", str(tmp_path / "run")]))
+    save_checkpoint(tmp_path / "vit", kind="vit", config={}, model=torch.nn.Linear(1, 1), vocab={}, metrics={})
+    for argv, message in (
+        ([str(tmp_path / "vit"), "--prompt", "a"], "a 'vit' checkpoint, but a 'gpt' one is needed"),
+        ([str(tmp_path / "run"), "--prompt", "xyz"], "character 'x' is not in the vocabulary"),
+        ([str(tmp_path / "run"), "--prompt", "a" * 40], "this model's context is 32 tokens"),
+        ([str(tmp_path / "run"), "--prompt", "ab", "--max-new-tokens", "31"], "--max-new-tokens must be in 0..30"),
+    ):
+        capsys.readouterr()
+        assert generate_main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
 
 
 @pytest.mark.parametrize("extra, match", [
@@ -75,7 +116,7 @@ def test_train_gpt_bad_options_raise_value_error(extra: list[str], match: str) -
 
 def test_train_gpt_param_groups_skip_decay_on_biases_norms_embeddings() -> None:
     model = GPT(GPTConfig(vocab=20, max_len=16, d_model=32, n_heads=4, n_layers=2))
-    decay, no_decay = trainer._param_groups(model, 0.1)
+    decay, no_decay = trainer.parameter_groups(model, 0.1)
     names = {id(p): n for n, p in model.named_parameters()}
     decayed = {names[id(p)] for p in decay["params"]}
     assert decayed and all(n.endswith("weight") and "norm" not in n and "embedding" not in n for n in decayed)

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import solutions.train as train
-from solutions.trainers.vit import SmallCNN, parameter_groups, random_shift, warmup_cosine
+from solutions.checkpoint import load_checkpoint
+from solutions.data.digits import load_image_folder
+from solutions.trainers.vit import SmallCNN, build_model, evaluate, parameter_groups, random_shift, warmup_cosine
 from solutions.vit import VisionTransformer
 
 
@@ -18,7 +22,7 @@ from solutions.vit import VisionTransformer
 def vit_only(monkeypatch):
     """The real dispatcher with only the vit task registered, so these tests do not depend on the others."""
     monkeypatch.setattr(train, "TASKS", {"vit": train.TASKS["vit"]})
-    return train.main
+    return train.train
 
 
 @pytest.mark.slow
@@ -31,9 +35,11 @@ def test_train_vit_short_run_beats_chance(vit_only, tmp_path):
     saved = json.loads(metrics_path.read_text())
     assert {"accuracy", "model", "epochs", "parameters"} <= set(saved)
     assert saved["accuracy"] == metrics["accuracy"] and saved["model"] == "vit"
-    checkpoint = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
-    model = VisionTransformer(**checkpoint["config"])
-    model.load_state_dict(checkpoint["state_dict"])  # the checkpoint rebuilds the model it came from
+    checkpoint = load_checkpoint(tmp_path / "run", kind="vit")
+    model = build_model(checkpoint.config)
+    model.load_state_dict(checkpoint.state_dict)  # the checkpoint rebuilds the model it came from
+    assert isinstance(model, VisionTransformer) and checkpoint.vocab["classes"] == [str(d) for d in range(10)]
+    assert checkpoint.metrics["accuracy"] == metrics["accuracy"]
 
 
 @pytest.mark.slow
@@ -56,16 +62,92 @@ def test_train_vit_on_user_npz(vit_only, tmp_path):
     assert metrics["accuracy"] >= 0.9
 
 
+def write_image_folder(root, per_class: int = 24, seed: int = 0) -> None:
+    """Three classes told apart by where the bright half is (top, bottom, left); PNG and JPEG files of
+    different sizes, colour and grey, as photos arrive."""
+    rng = np.random.default_rng(seed)
+    for label, name in enumerate(("top", "bottom", "left")):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            side = int(rng.integers(10, 20))
+            pixels = rng.uniform(0, 60, size=(side, side, 3))
+            half = side // 2
+            region = (slice(0, half), slice(None)) if label == 0 else (
+                (slice(half, None), slice(None)) if label == 1 else (slice(None), slice(0, half)))
+            pixels[region] += 180
+            image = Image.fromarray(pixels.astype(np.uint8))
+            image = image.convert("L") if i % 3 == 0 else image
+            image.save(root / name / (f"{i}.jpg" if i % 4 == 0 else f"{i}.png"))
+
+
+def test_train_vit_on_image_folder_learns_and_saves_class_names(vit_only, tmp_path, capsys):
+    write_image_folder(tmp_path / "photos")
+    metrics = vit_only(["vit", "--data", str(tmp_path / "photos"), "--image-size", "12", "--epochs", "15",
+                        "--d-model", "32", "--n-layers", "1", "--batch-size", "16", "--lr", "3e-3",
+                        "--warmup-epochs", "1", "--out", str(tmp_path / "run")])
+    assert metrics["accuracy"] >= 0.9  # chance is 1/3
+    out = capsys.readouterr().out
+    assert "3 classes, 57 train / 15 test images of 3×12×12" in out and "never trained on" in out
+    checkpoint = load_checkpoint(tmp_path / "run", kind="vit")
+    assert checkpoint.vocab["classes"] == ["bottom", "left", "top"]  # sorted folder names, as ImageFolder
+    assert checkpoint.data["test_images"] == 15 and checkpoint.config["image_size"] == 12
+    model = build_model(checkpoint.config)
+    model.load_state_dict(checkpoint.state_dict)
+    test_x, test_y = load_image_folder(tmp_path / "photos", 12)[1]
+    assert evaluate(model, test_x, test_y, torch.device("cpu")) == metrics["accuracy"]
+
+
+def test_load_image_folder_resizes_and_keeps_grey_as_one_channel(tmp_path):
+    for name, size in (("a", (20, 10)), ("b", (7, 7))):
+        (tmp_path / name).mkdir()
+        for i in range(5):
+            Image.new("L", size, color=40 * i).save(tmp_path / name / f"{i}.png")
+    (train_x, train_y), (test_x, test_y), classes = load_image_folder(tmp_path, image_size=9)
+    assert classes == ["a", "b"] and train_x.shape[1:] == (1, 9, 9) and test_x.shape[1:] == (1, 9, 9)
+    assert len(train_x) + len(test_x) == 10 and sorted(test_y.tolist()) == [0, 1]
+    assert 0.0 <= float(train_x.min()) and float(train_x.max()) <= 1.0
+    (tmp_path / "b" / "0.png").unlink()
+    Image.new("RGB", (7, 7), color=(200, 10, 10)).save(tmp_path / "b" / "0.png")
+    assert load_image_folder(tmp_path, image_size=9)[0][0].shape[1] == 3  # one colour image: all RGB
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda root: (root / "only").mkdir(), r"found 1 class folder \['only'\]; a classifier needs at least 2"),
+    (lambda root: [(root / c).mkdir() for c in "ab"], r"the class folder 'a' has no images"),
+    (lambda root: (root / "a" / "notes.txt").write_text("hi"), r"a/notes.txt is not an image file"),
+    (lambda root: (root / "a" / "broken.png").write_bytes(b"not a png"), r"a/broken.png cannot be read as an image"),
+])
+def test_train_vit_bad_image_folder_is_one_error_line(vit_only, tmp_path, capsys, make, message):
+    root = tmp_path / "photos"
+    root.mkdir()
+    if "class folder" not in message:
+        write_image_folder(root, per_class=3)
+        (root / "a").mkdir()
+        Image.new("RGB", (8, 8)).save(root / "a" / "ok.png")
+    make(root)
+    assert train.main(["vit", "--quiet", "--data", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(f"error: --data [^\\n]*{message}[^\\n]*\\n", err), err
+    if "class folder" in message:
+        assert "ImageFolder layout" in err
+
+
+def test_train_vit_data_must_be_folder_or_npz(vit_only, tmp_path, capsys):
+    (tmp_path / "images.csv").write_text("1,2\n")
+    assert train.main(["vit", "--quiet", "--data", str(tmp_path / "images.csv")]) == 2
+    assert "expected a folder in DIR/<class name>/<image>" in capsys.readouterr().err
+
+
 def test_train_vit_bad_npz_is_an_error_not_a_traceback(vit_only, tmp_path, capsys):
     np.savez(tmp_path / "bad.npz", pictures=np.zeros((4, 8, 8)), labels=np.zeros(4, dtype=int))
-    with pytest.raises(SystemExit, match=r"error: --data .*missing array\(s\) \['images'\]"):
-        vit_only(["vit", "--quiet", "--data", str(tmp_path / "bad.npz")])
+    assert train.main(["vit", "--quiet", "--data", str(tmp_path / "bad.npz")]) == 2
+    assert re.fullmatch(r"error: --data .*missing array\(s\) \['images'\][^\n]*\n", capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("option", ["--epochs", "--batch-size"])
-def test_train_vit_rejects_nonpositive_sizes(vit_only, option):
-    with pytest.raises(SystemExit, match=f"error: {option} must be at least 1"):
-        vit_only(["vit", "--quiet", option, "0"])
+def test_train_vit_rejects_nonpositive_sizes(vit_only, option, capsys):
+    assert train.main(["vit", "--quiet", option, "0"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {option} must be at least 1")
 
 
 def test_train_vit_help_mentions_every_option(vit_only, capsys):
@@ -73,7 +155,7 @@ def test_train_vit_help_mentions_every_option(vit_only, capsys):
         vit_only(["vit", "--help"])
     text = capsys.readouterr().out
     for option in ("--dataset", "--model", "--epochs", "--time-budget", "--batch-size", "--data", "--d-model",
-                   "--patch-size", "--metrics-json", "--out"):
+                   "--patch-size", "--metrics-json", "--out", "--image-size", "ImageFolder"):
         assert option in text
 
 
@@ -123,5 +205,5 @@ def test_train_vit_mnist_offline_says_what_to_do(vit_only, monkeypatch, tmp_path
         raise RuntimeError("Error downloading train-images-idx3-ubyte.gz")  # what torchvision raises with no network
 
     monkeypatch.setattr(torchvision.datasets, "MNIST", offline)  # never touches the network
-    with pytest.raises(SystemExit, match=r"error: could not load mnist .*go online once.*--dataset digits"):
+    with pytest.raises(ValueError, match=r"could not load mnist .*go online once.*--dataset digits"):
         vit_only(["vit", "--quiet", "--dataset", "mnist", "--data-root", str(tmp_path)])

@@ -1,4 +1,4 @@
-"""Image data for chapter 5: the embedded 8×8 handwritten digits, a user's .npz, MNIST/CIFAR-10 when online.
+"""Image data for chapter 5: the embedded 8×8 digits, a user's .npz or image folder, MNIST/CIFAR-10 when online.
 
 The default, ``load_digits``, reads ``digits.csv.gz`` shipped next to this file:
 the UCI "Optical Recognition of Handwritten Digits" test set (1,797 images of
@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from jaxtyping import Float, Int64
+from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
 DIGITS_FILE = Path(__file__).with_name("digits.csv.gz")
@@ -104,6 +105,80 @@ def load_npz(
         raise ValueError(f"--data {path}: too few images per class to hold out a test split")
     x, y = torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
     return (x[train], y[train]), (x[test], y[test])
+
+
+# torchvision's ImageFolder accepts these suffixes (case-insensitive).
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
+FOLDER_LAYOUT = (
+    "DIR/<class name>/<image>: one sub-folder per class, holding only images (torchvision's ImageFolder layout)"
+)
+
+
+def _class_files(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
+    """Sorted class folder names and every (file, class index) below them; hidden files and folders skipped."""
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    if len(classes) < 2:
+        raise ValueError(f"--data {root}: found {len(classes)} class folder{'' if len(classes) == 1 else 's'} "
+                         f"{classes}; a classifier needs at least 2. Expected {FOLDER_LAYOUT}")
+    files = []
+    for label, name in enumerate(classes):
+        members = sorted(p for p in (root / name).rglob("*")
+                         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
+        if not members:
+            raise ValueError(f"--data {root}: the class folder '{name}' has no images. Expected {FOLDER_LAYOUT}")
+        files += [(path, label) for path in members]
+    return classes, files
+
+
+def _read_image(path: Path, root: Path) -> Image.Image:
+    where = f"--data {root}: {path.relative_to(root)}"
+    if path.suffix.lower() not in IMAGE_EXTENSIONS:
+        raise ValueError(f"{where} is not an image file (suffix {path.suffix or 'none'!r}, expected one of "
+                         f"{', '.join(IMAGE_EXTENSIONS)}); move it out of the class folders")
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError) as err:
+        raise ValueError(f"{where} cannot be read as an image ({type(err).__name__}); fix or remove it") from None
+
+
+def default_image_size(sizes: list[tuple[int, int]]) -> int:
+    """The images' own side when all are square and the same size up to 64 px; else 32."""
+    if len(set(sizes)) == 1 and sizes[0][0] == sizes[0][1] and sizes[0][0] <= 64:
+        return sizes[0][0]
+    return 32
+
+
+def load_image_folder(
+    root: str | Path, image_size: int | None = None, test_fraction: float = 0.2, seed: int = 0
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor], list[str]]:
+    """Images in torchvision's ImageFolder layout (``root/<class>/<image>``), as float tensors in [0, 1].
+
+    Any size and mode: each image is centre-cropped to a square and resized to
+    ``image_size`` (default: :func:`default_image_size`). One channel when every
+    image is grey, else three (RGB). Class ids follow the sorted folder names.
+    Returns ((train_images, train_labels), (test_images, test_labels), class_names),
+    the test split being a stratified ``test_fraction`` of each class.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"--data {root}: no such folder. Expected {FOLDER_LAYOUT}, or an .npz file")
+    if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
+        raise ValueError(f"--image-size must be a positive int; got {image_size!r}")
+    classes, files = _class_files(root)
+    images = [_read_image(path, root) for path, _ in files]
+    side = image_size or default_image_size([image.size for image in images])
+    pixels = np.stack([np.asarray(ImageOps.fit(image, (side, side), Image.Resampling.BILINEAR)) for image in images])
+    grey = bool((pixels == pixels[..., :1]).all())
+    pixels = pixels[..., :1] if grey else pixels  # (N, side, side, 1 or 3)
+    labels = np.array([label for _, label in files], dtype=np.int64)
+    train, test = stratified_split(labels, test_fraction, seed)
+    if len(test) == 0:
+        raise ValueError(f"--data {root}: too few images to hold out {test_fraction:.0%} of a class for the test; "
+                         "put at least 3 images in each class folder")
+    x = torch.from_numpy(pixels).permute(0, 3, 1, 2).float().div_(255.0).contiguous()
+    y = torch.from_numpy(labels)
+    return (x[train], y[train]), (x[test], y[test]), classes
 
 
 def load_torchvision(name: str, root: str | Path) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:

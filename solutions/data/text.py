@@ -2,7 +2,9 @@
 
 The embedded text is the glossary of the Jargon File 4.4.7 (public domain; see
 ``README_text.md``), about 770 kB of English, shipped as ``jargon.txt.gz``.
-``load_text(path)`` reads your own UTF-8 text instead.
+``load_text(path)`` reads your own UTF-8 text instead. Tokens are characters
+(:class:`CharVocab`) or, with ``load_text_dataset(..., tokenizer="bpe")``, BPE
+sub-words learnt from the training part of the text only.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 import torch
 from jaxtyping import Int
 from torch import Tensor
+
+from solutions.data.tokenizer import DEFAULT_BPE_VOCAB, BPETokenizer
 
 EMBEDDED_TEXT = Path(__file__).with_name("jargon.txt.gz")
 
@@ -45,7 +49,9 @@ def load_text(path: str | Path | None = None) -> str:
 
 
 class CharVocab:
-    """One token id per distinct character, in sorted order."""
+    """One token id per distinct character, in sorted order (no special tokens: a text model needs none)."""
+
+    kind = "char"
 
     def __init__(self, text: str) -> None:
         if not text:
@@ -72,6 +78,26 @@ class CharVocab:
             raise ValueError(f"token ids must be in 0…{len(self.chars) - 1}")
         return "".join(self.chars[i] for i in ids)
 
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "chars": list(self.chars)}
+
+    @classmethod
+    def from_dict(cls, state: dict) -> "CharVocab":
+        return cls("".join(state["chars"]))
+
+
+TextTokenizer = CharVocab | BPETokenizer
+
+
+def text_tokenizer_from_dict(state: dict) -> TextTokenizer:
+    """The character vocabulary or BPE tokenizer saved by ``to_dict()`` (in a gpt checkpoint)."""
+    kind = state.get("kind") if isinstance(state, dict) else None
+    if kind == "char":
+        return CharVocab.from_dict(state)
+    if kind == "bpe":
+        return BPETokenizer.from_dict(state)
+    raise ValueError(f"a saved text tokenizer must have kind 'char' or 'bpe'; got {kind!r}")
+
 
 def unigram_entropy(text: str) -> float:
     """Entropy of the character distribution in nats: the loss of a model that ignores context."""
@@ -82,10 +108,10 @@ def unigram_entropy(text: str) -> float:
 
 @dataclass(frozen=True)
 class CharDataset:
-    vocab: CharVocab  # characters ↔ ids, built from the whole text
+    vocab: TextTokenizer  # characters ↔ ids (built from the whole text), or BPE pieces (from the training part)
     train: Int[Tensor, "seq"]  # the first (1 - val_fraction) of the text, as ids
     val: Int[Tensor, "seq"]  # the held-out tail
-    unigram_loss: float  # entropy (nats/char) of the training characters: the baseline to beat
+    unigram_loss: float  # entropy (nats/token) of the training tokens: the baseline to beat
 
 
 def load_char_dataset(
@@ -105,6 +131,38 @@ def load_char_dataset(
     vocab = CharVocab(text)
     ids = torch.tensor(vocab.encode(text), dtype=torch.long)
     return CharDataset(vocab, ids[:split], ids[split:], unigram_entropy(text[:split]))
+
+
+def token_entropy(ids: Tensor) -> float:
+    """Entropy of the token distribution in nats: the loss of a model that ignores context."""
+    counts = torch.bincount(ids).double()
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * p.log()).sum())
+
+
+def load_text_dataset(
+    path: str | Path | None = None, val_fraction: float = 0.1, min_val_tokens: int = 0, tokenizer: str = "char",
+    vocab_size: int = DEFAULT_BPE_VOCAB,
+) -> CharDataset:
+    """Like :func:`load_char_dataset`, with ``tokenizer="bpe"`` for sub-words learnt from the training head only."""
+    if tokenizer == "char":
+        return load_char_dataset(path, val_fraction, min_val_tokens)
+    if tokenizer != "bpe":
+        raise ValueError(f"tokenizer must be 'char' or 'bpe'; got {tokenizer!r}")
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1); got {val_fraction}")
+    text = load_text(path)
+    split = int(len(text) * (1 - val_fraction))
+    vocab = BPETokenizer.train(text[:split].split("\n"), vocab_size)
+    train = torch.tensor(vocab.encode(text[:split]), dtype=torch.long)
+    val = torch.tensor(vocab.encode(text[split:]), dtype=torch.long)
+    if min(len(train), len(val)) < min_val_tokens:
+        where = "the embedded text" if path is None else f"--data {path}"
+        raise ValueError(
+            f"{where} gives {len(train)} training and {len(val)} held-out BPE tokens; each part needs at least "
+            f"{min_val_tokens} (block size + 1): use a longer text or a smaller --block-size"
+        )
+    return CharDataset(vocab, train, val, token_entropy(train))
 
 
 def get_batch(

@@ -23,6 +23,7 @@ held-out number never appears in training.
 
 from __future__ import annotations
 
+import gzip
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,60 +247,111 @@ def load_numbers(
 # ---------------------------------------------------------------------------- your own data
 
 
-def load_tsv(path: str | Path) -> list[Pair]:
-    """Pairs from a UTF-8 file of ``source<TAB>target`` lines, each side split on whitespace.
+TextPair = tuple[str, str]  # (source text, target text), each stripped of surrounding whitespace
 
-    Blank lines are skipped. Anything else that is not a pair raises ValueError
-    naming the file and the 1-based line number.
+
+def read_tsv(path: str | Path) -> list[TextPair]:
+    """The ``source<TAB>target`` lines of a UTF-8 file as text pairs (``.gz`` is decompressed).
+
+    Each side is stripped of surrounding whitespace and otherwise kept as it is
+    (a tokenizer decides what a token is). Blank lines are skipped. Anything
+    else that is not a pair raises ValueError naming the file and the 1-based
+    line number.
     """
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file; --data needs a TSV file of 'source<TAB>target' lines")
-    pairs: list[Pair] = []
-    with path.open("rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise ValueError(f"{path}, line {number}: not valid UTF-8 ({err.reason} at byte {err.start}); "
-                                 "save the file as UTF-8") from None
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            if line.count("\t") != 1:
-                found = "no tab" if "\t" not in line else f"{line.count(chr(9))} tabs"
-                raise ValueError(f"{path}, line {number}: expected 'source<TAB>target' with exactly one tab; "
-                                 f"found {found}")
-            source, target = (side.split() for side in line.split("\t"))
-            for side, tokens in (("source", source), ("target", target)):
-                if not tokens:
-                    raise ValueError(f"{path}, line {number}: the {side} side is empty")
-            pairs.append((source, target))
+    raw_bytes = path.read_bytes()
+    if path.suffix == ".gz":
+        raw_bytes = gzip.decompress(raw_bytes)
+    pairs: list[TextPair] = []
+    for number, raw in enumerate(raw_bytes.splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}, line {number}: not valid UTF-8 ({err.reason} at byte {err.start}); "
+                             "save the file as UTF-8") from None
+        if not line.strip():
+            continue
+        if line.count("\t") != 1:
+            found = "no tab" if "\t" not in line else f"{line.count(chr(9))} tabs"
+            raise ValueError(f"{path}, line {number}: expected 'source<TAB>target' with exactly one tab; "
+                             f"found {found}")
+        source, target = (side.strip() for side in line.split("\t"))
+        for side, text in (("source", source), ("target", target)):
+            if not text:
+                raise ValueError(f"{path}, line {number}: the {side} side is empty")
+        pairs.append((source, target))
     if not pairs:
         raise ValueError(f"{path}: the file is empty; it needs 'source<TAB>target' lines")
     return pairs
+
+
+def load_tsv(path: str | Path) -> list[Pair]:
+    """Pairs from a UTF-8 file of ``source<TAB>target`` lines, each side split on whitespace (see :func:`read_tsv`)."""
+    return [(source.split(), target.split()) for source, target in read_tsv(path)]
+
+
+def split_indices(
+    n: int, test_fraction: float = 0.1, validation_fraction: float = 0.05, seed: int = 0
+) -> tuple[list[int], list[int], list[int]]:
+    """A random partition of ``range(n)`` into (train, validation, test) indices, deterministic given ``seed``."""
+    if not 0 < test_fraction < 1 or not 0 <= validation_fraction < 1 or test_fraction + validation_fraction >= 1:
+        raise ValueError(
+            f"test_fraction={test_fraction} and validation_fraction={validation_fraction} must be fractions "
+            "in (0, 1) and [0, 1) that sum to less than 1"
+        )
+    if n < 3:
+        raise ValueError(f"need at least 3 pairs to make train and test splits; got {n}")
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    n_test = max(1, round(test_fraction * n))
+    n_validation = round(validation_fraction * n)
+    return order[n_test + n_validation :], order[n_test : n_test + n_validation], order[:n_test]
 
 
 def split_pairs(
     pairs: Sequence[Pair], test_fraction: float = 0.1, validation_fraction: float = 0.05, seed: int = 0
 ) -> TranslationData:
     """A random held-out split of your own pairs, vocabularies from the training part."""
-    if not 0 < test_fraction < 1 or not 0 <= validation_fraction < 1 or test_fraction + validation_fraction >= 1:
-        raise ValueError(
-            f"test_fraction={test_fraction} and validation_fraction={validation_fraction} must be fractions "
-            "in (0, 1) and [0, 1) that sum to less than 1"
-        )
-    if len(pairs) < 3:
-        raise ValueError(f"need at least 3 pairs to make train and test splits; got {len(pairs)}")
-    order = list(range(len(pairs)))
-    random.Random(seed).shuffle(order)
-    n_test = max(1, round(test_fraction * len(pairs)))
-    n_validation = round(validation_fraction * len(pairs))
-    test = [pairs[i] for i in order[:n_test]]
-    validation = [pairs[i] for i in order[n_test : n_test + n_validation]]
-    train = [pairs[i] for i in order[n_test + n_validation :]]
+    train_ids, validation_ids, test_ids = split_indices(len(pairs), test_fraction, validation_fraction, seed)
+    train, validation, test = ([pairs[i] for i in ids] for ids in (train_ids, validation_ids, test_ids))
     return TranslationData(
         train, validation, test,
         src_vocab=Vocab.build(s for s, _ in train),
         tgt_vocab=Vocab.build(t for _, t in train),
     )
+
+
+@dataclass(frozen=True)
+class TextSplits:
+    """Text pairs per split: the tokenizers are trained on ``train`` only; ``test`` is never trained on."""
+
+    train: list[TextPair]
+    validation: list[TextPair]
+    test: list[TextPair]
+    description: str  # where the pairs come from and how they were split, for the run's output
+
+
+def split_text_pairs(
+    pairs: Sequence[TextPair], test_fraction: float = 0.1, validation_fraction: float = 0.05, seed: int = 0,
+    source: str = "your pairs",
+) -> TextSplits:
+    """A random held-out split of text pairs (the same partition :func:`split_pairs` makes)."""
+    train_ids, validation_ids, test_ids = split_indices(len(pairs), test_fraction, validation_fraction, seed)
+    train, validation, test = ([pairs[i] for i in ids] for ids in (train_ids, validation_ids, test_ids))
+    description = (f"{source}: {len(pairs)} pairs, randomly split (seed {seed}) into {len(train)} train / "
+                   f"{len(validation)} validation / {len(test)} test; the test pairs are never trained on")
+    return TextSplits(train, validation, test, description)
+
+
+def number_text_splits(
+    n_train: int = 20_000, n_validation: int = 500, n_test: int = 1000, seed: int = 0
+) -> TextSplits:
+    """The embedded number data set as text pairs, tokens joined by single spaces (``"forty - two"``)."""
+    data = load_numbers(n_train, n_validation, n_test, seed)
+    train, validation, test = ([(" ".join(s), " ".join(t)) for s, t in split] for split in
+                               (data.train, data.validation, data.test))
+    description = (f"the embedded English → German numbers: {len(train)} train / {len(validation)} validation / "
+                   f"{len(test)} test; the test numbers never occur in training")
+    return TextSplits(train, validation, test, description)

@@ -2,12 +2,18 @@
 
     python -m solutions.train gpt                       # ~2-3 min on 2 CPU cores
     python -m solutions.train gpt --data my_text.txt --steps 3000 --out runs/gpt
+    python -m solutions.generate runs/gpt --prompt "The "       # sample from the saved run
 
 AdamW with linear warmup then cosine decay, no weight decay on biases, norms
 and embeddings, gradient clipping at 1.0. The held-out metric is the mean
 cross-entropy per character on the last 10% of the text (nats), printed next
 to the unigram baseline (the entropy of the character distribution: what a
 model that ignores context achieves). Samples are drawn with the KV cache.
+With ``--tokenizer bpe`` the tokens are BPE sub-words learnt from the training
+part of the text only, and the losses are per token.
+
+Same names as the other trainers: ``KIND``, ``add_arguments``, ``build_model``,
+``evaluate``, ``run``.
 """
 
 from __future__ import annotations
@@ -21,12 +27,26 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from solutions.data.text import get_batch, load_char_dataset
+from solutions.checkpoint import save_checkpoint
+from solutions.data.text import get_batch, load_text_dataset
+from solutions.data.tokenizer import DEFAULT_BPE_VOCAB
 from solutions.gpt import GPT, GPTConfig, generate
+
+KIND = "gpt"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = "--data FILE: any UTF-8 text file (optionally .gz); characters are the tokens."
+    parser.epilog = (
+        "--data FILE: any UTF-8 text file (optionally .gz); the last 10% is held out and never trained on. "
+        "Tokens are characters, or BPE sub-words with --tokenizer bpe. --out DIR saves DIR/model.pt; sample "
+        "from it with `python -m solutions.generate DIR --prompt TEXT`."
+    )
+    t = parser.add_argument_group("tokens")
+    t.add_argument("--tokenizer", choices=("char", "bpe"), default="char",
+                   help="char = one token per character (default); bpe = sub-words learnt from the training "
+                        "part of the text (sentencepiece); the losses are then per token, not per character")
+    t.add_argument("--vocab-size", type=int, default=DEFAULT_BPE_VOCAB,
+                   help=f"most BPE pieces with --tokenizer bpe (default: {DEFAULT_BPE_VOCAB})")
     g = parser.add_argument_group("training (stops at --steps or --time-budget, whichever comes first)")
     g.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: 1000)")
     g.add_argument("--time-budget", type=float, default=160.0,
@@ -49,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s = parser.add_argument_group("evaluation and samples")
     s.add_argument("--val-fraction", type=float, default=0.1, help="held-out tail of the text (default: 0.1)")
     s.add_argument("--eval-chars", type=int, default=40_000,
-                   help="characters of the held-out text scored for val_loss (default: 40000; 0 = all)")
+                   help="tokens (characters with --tokenizer char) of the held-out text scored for val_loss "
+                        "(default: 40000; 0 = all)")
     s.add_argument("--sample-tokens", type=int, default=90,
                    help="characters per printed sample, at most --block-size minus the 1-character prompt (default: 90)")
     s.add_argument("--samples", type=int, default=2, help="number of printed samples (default: 2; 0 = none)")
@@ -57,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--top-k", type=int, default=None, help="sample from the k most likely characters only")
 
 
-def _param_groups(model: GPT, weight_decay: float) -> list[dict]:
+def parameter_groups(model: GPT, weight_decay: float) -> list[dict]:
     """Weight decay on the matrices of Linear layers only: not on biases, LayerNorm or embeddings."""
     decay, no_decay = [], []
     embeddings = {id(p) for mod in model.modules() if isinstance(mod, torch.nn.Embedding) for p in mod.parameters()}
@@ -104,23 +125,21 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--lr must be > 0; got {args.lr}")
 
 
-def run(args: argparse.Namespace) -> dict:
-    _check_args(args)
-    device = torch.device(args.device) if isinstance(args.device, str) else args.device
-    data = load_char_dataset(args.data, args.val_fraction, min_val_chars=args.block_size + 1)
-    # The model's context is the training block; samples are generated up to that limit.
-    config = GPTConfig(
-        vocab=len(data.vocab), max_len=args.block_size, d_model=args.d_model, n_heads=args.n_heads,
-        n_layers=args.n_layers, n_kv_heads=args.n_kv_heads, dropout=args.dropout,
-    )
-    model = GPT(config).to(device)
-    optimizer = torch.optim.AdamW(_param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
-    generator = torch.Generator().manual_seed(args.seed)
-    n_params = sum(p.numel() for p in model.parameters())
-    if not args.quiet:
-        print(f"{len(data.train):,} training / {len(data.val):,} held-out characters, vocab {len(data.vocab)}, "
-              f"{n_params:,} parameters")
+def model_config(args: argparse.Namespace, vocab: int) -> dict:
+    """The GPT's config dict (what the checkpoint stores). Its context is the training block."""
+    return asdict(GPTConfig(vocab=vocab, max_len=args.block_size, d_model=args.d_model, n_heads=args.n_heads,
+                            n_layers=args.n_layers, n_kv_heads=args.n_kv_heads, dropout=args.dropout))
 
+
+def build_model(config: dict) -> GPT:
+    """The decoder-only model of a config dict from :func:`model_config`."""
+    return GPT(GPTConfig(**config))
+
+
+def fit(model: GPT, train: torch.Tensor, args: argparse.Namespace, device: torch.device) -> tuple[int, float]:
+    """AdamW with warmup + cosine (over steps or the time budget, whichever ends first), clipping; (steps, seconds)."""
+    optimizer = torch.optim.AdamW(parameter_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
+    generator = torch.Generator().manual_seed(args.seed)
     start = time.perf_counter()
     bar = tqdm(total=args.steps, disable=args.quiet, desc="gpt", unit="step")
     step, smoothed = 0, None
@@ -131,9 +150,8 @@ def run(args: argparse.Namespace) -> dict:
         progress = max(step / args.steps, elapsed / args.time_budget)
         for group in optimizer.param_groups:
             group["lr"] = args.lr * lr_factor(progress, step, args.warmup)
-        x, y = get_batch(data.train, args.batch_size, args.block_size, generator)
-        logits = model(x.to(device))
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten().to(device))
+        x, y = get_batch(train, args.batch_size, args.block_size, generator)
+        loss = F.cross_entropy(model(x.to(device)).flatten(0, 1), y.flatten().to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -143,24 +161,45 @@ def run(args: argparse.Namespace) -> dict:
         bar.update(1)
         bar.set_postfix(loss=f"{smoothed:.3f}")
     bar.close()
-    train_seconds = time.perf_counter() - start
+    return step, time.perf_counter() - start
 
-    val_loss = evaluate(model, data.val, args.block_size, args.eval_chars)
-    print(f"val_loss {val_loss:.3f} nats/char (unigram baseline {data.unigram_loss:.3f}) "
-          f"after {step} steps in {train_seconds:.0f} s")
+
+def print_samples(model: GPT, data, args: argparse.Namespace, device: torch.device) -> None:
+    """``--samples`` continuations of the start of the held-out text, with the KV cache."""
     prompt_text = data.vocab.decode(data.val[:1])
     for i in range(args.samples):
         prompt = torch.tensor([data.vocab.encode(prompt_text)], device=device)
-        n_new = min(args.sample_tokens, config.max_len - prompt.shape[1])
+        n_new = min(args.sample_tokens, model.config.max_len - prompt.shape[1])
         out = generate(model, prompt, n_new, temperature=args.temperature, top_k=args.top_k,
                        generator=torch.Generator(device=device).manual_seed(args.seed + i))
         print(f"--- sample {i + 1} ---\n{data.vocab.decode(out[0])}")
 
+
+def run(args: argparse.Namespace) -> dict:
+    _check_args(args)
+    device = torch.device(args.device) if isinstance(args.device, str) else args.device
+    data = load_text_dataset(args.data, args.val_fraction, args.block_size + 1, args.tokenizer, args.vocab_size)
+    model = build_model(model_config(args, len(data.vocab))).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    unit = "characters" if args.tokenizer == "char" else "BPE tokens"
+    if not args.quiet:
+        print(f"{len(data.train):,} training / {len(data.val):,} held-out {unit} (the held-out tail is never "
+              f"trained on), vocab {len(data.vocab)}, {n_params:,} parameters")
+    step, train_seconds = fit(model, data.train, args, device)
+
+    val_loss = evaluate(model, data.val, args.block_size, args.eval_chars)
+    per = "char" if args.tokenizer == "char" else "token"
+    print(f"val_loss {val_loss:.3f} nats/{per} (unigram baseline {data.unigram_loss:.3f}) "
+          f"after {step} steps in {train_seconds:.0f} s")
+    print_samples(model, data, args, device)
+    metrics = {"val_loss": val_loss, "unigram_loss": data.unigram_loss, "steps": step,
+               "train_seconds": round(train_seconds, 1), "tokenizer": args.tokenizer}
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        torch.save({"config": asdict(config), "model": model.state_dict(), "chars": data.vocab.chars,
-                    "val_loss": val_loss}, args.out / "model.pt")
+        source = "the embedded text" if args.data is None else str(args.data)
+        path = save_checkpoint(args.out, kind=KIND, config=asdict(model.config), model=model, metrics=metrics,
+                               vocab={"tokenizer": data.vocab.to_dict()},
+                               data={"source": source, "train_tokens": len(data.train), "val_tokens": len(data.val),
+                                     "val_fraction": args.val_fraction})
         if not args.quiet:
-            print(f"checkpoint: {args.out / 'model.pt'}")
-    return {"val_loss": val_loss, "unigram_loss": data.unigram_loss, "steps": step,
-            "train_seconds": round(train_seconds, 1)}
+            print(f"checkpoint: {path}; sample from it with `python -m solutions.generate {args.out} --prompt ...`")
+    return metrics

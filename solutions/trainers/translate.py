@@ -1,36 +1,55 @@
-"""``python -m solutions.train translate``: English → German number words, end to end.
+"""``python -m solutions.train translate``: English → German number words (or your pairs), end to end.
 
 Adam (β = 0.9, 0.98, ε = 1e-9) with the Noam schedule, label smoothing 0.1,
 gradient clipping at 1.0, teacher forcing; then greedy decoding of the held-out
-test numbers, scored by exact match and corpus BLEU (sacrebleu). With
-``--data FILE`` it trains on your ``source<TAB>target`` file instead, with a
-random held-out split.
+test pairs, scored by exact match, corpus BLEU and chrF (sacrebleu, signatures
+printed). With ``--data FILE`` it trains on your ``source<TAB>target`` file
+instead: 10% of the lines, drawn at random, are held out for the test and never
+trained on, and the tokenizer (BPE by default, one vocabulary shared by source
+and target as in the paper) is learnt from the training lines only.
+
+Same names as the other trainers: ``KIND``, ``add_arguments``, ``build_model``,
+``evaluate``, ``run``. Use a saved run with :mod:`solutions.translate`.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import time
 from pathlib import Path
 
-import sacrebleu
 import torch
+from sacrebleu.metrics import BLEU, CHRF
 from tqdm.auto import tqdm
 
-from solutions.data.translation import TranslationData, Vocab, load_numbers, load_tsv, pad_batch, split_pairs
-from solutions.decoding import greedy_decode
+from solutions.checkpoint import save_checkpoint
+from solutions.data.tokenizer import DEFAULT_BPE_VOCAB, TOKENIZER_KINDS, Tokenizer, train_tokenizer
+from solutions.data.translation import TextPair, TextSplits, number_text_splits, pad_batch, read_tsv, split_text_pairs
 from solutions.losses import label_smoothed_cross_entropy
 from solutions.schedule import noam_scheduler
 from solutions.transformer import Transformer, TransformerConfig, teacher_forcing
+from solutions.translate import Translator
+
+KIND = "translate"
+PREDICTIONS_FILE = "test_predictions.tsv"  # source, reference, prediction of every held-out pair, in --out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
-        "--data FILE: a UTF-8 text file with one 'source<TAB>target' pair per line, each side "
-        "tokenised on whitespace; 10%% of the lines are held out for the test."
+        "--data FILE: a UTF-8 text file (or .gz) with one 'source<TAB>target' pair per line. 10% of the lines, "
+        "drawn at random (--seed), are held out for the test and never trained on; the tokenizer is learnt from "
+        "the training lines only. With --out DIR the run saves DIR/model.pt (model, config, tokenizers, metrics) "
+        f"and DIR/{PREDICTIONS_FILE}; translate more text with `python -m solutions.translate DIR`."
     )
+    t = parser.add_argument_group("tokens")
+    t.add_argument("--tokenizer", choices=TOKENIZER_KINDS, default=None,
+                   help="bpe = sub-words learnt from your training lines, one vocabulary shared by source and "
+                        "target (sentencepiece); char = characters; word = split on whitespace (useless when a "
+                        "side has no spaces). Default: bpe with --data, word for the embedded numbers "
+                        "(already split into words)")
+    t.add_argument("--vocab-size", type=int, default=DEFAULT_BPE_VOCAB,
+                   help=f"most BPE pieces, specials included (default: {DEFAULT_BPE_VOCAB}; small data gets fewer)")
     g = parser.add_argument_group("training")
     g.add_argument("--steps", type=int, default=1500, help="optimizer steps (default: 1500)")
     g.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
@@ -69,87 +88,78 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--threads must be at least 1; got {args.threads}")
 
 
-def encode_pairs(pairs, src_vocab: Vocab, tgt_vocab: Vocab) -> tuple[torch.Tensor, torch.Tensor]:
-    """Source ids and target ids (no BOS/EOS), each right-padded to a tensor."""
-    return (pad_batch([src_vocab.encode(s) for s, _ in pairs]), pad_batch([tgt_vocab.encode(t) for _, t in pairs]))
-
-
-@torch.inference_mode()
-def evaluate(model: Transformer, pairs, src_vocab: Vocab, tgt_vocab: Vocab, device: torch.device,
-             batch_size: int = 500) -> dict:
-    """Greedy-decode every source; exact match = fraction of outputs equal to the reference."""
-    hypotheses, references = [], []
-    max_len = min(model.config.max_len - 1, max(len(t) for _, t in pairs) + 10)
-    for start in range(0, len(pairs), batch_size):
-        chunk = pairs[start : start + batch_size]
-        src = pad_batch([src_vocab.encode(s) for s, _ in chunk]).to(device)
-        out = greedy_decode(model, src, max_len, tgt_vocab.bos_id, tgt_vocab.eos_id)
-        hypotheses += [tgt_vocab.decode(ids) for ids in out]
-        references += [t for _, t in chunk]
-    exact = sum(h == r for h, r in zip(hypotheses, references)) / len(pairs)
-    # BLEU over the tokens joined by spaces (for the number data, the German pieces).
-    bleu = sacrebleu.corpus_bleu([" ".join(h) for h in hypotheses], [[" ".join(r) for r in references]]).score
-    return {"exact_match": exact, "bleu": bleu}
-
-
-def build_model(data: TranslationData, args: argparse.Namespace) -> Transformer:
-    max_src, max_tgt = data.max_lengths()
-    config = TransformerConfig(
-        src_vocab=len(data.src_vocab), tgt_vocab=len(data.tgt_vocab), d_model=args.d_model,
-        n_heads=args.n_heads, n_layers=args.n_layers, d_ff=args.d_ff, dropout=args.dropout,
-        max_len=max(max_src, max_tgt) + 16, pad_id=Vocab.pad_id, norm_first=args.norm_first,
-    )
-    return Transformer(config)
-
-
-def save_checkpoint(path: Path, model: Transformer, src_vocab: Vocab, tgt_vocab: Vocab, metrics: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({
-        "config": dataclasses.asdict(model.config),
-        "state_dict": model.state_dict(),
-        "src_vocab": src_vocab.to_dict(),
-        "tgt_vocab": tgt_vocab.to_dict(),
-        "metrics": metrics,
-    }, path)
-
-
-def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Vocab, Vocab]:
-    """The trained model (in eval mode) and its source and target vocabularies."""
-    state = torch.load(path, map_location=device, weights_only=True)
-    model = Transformer(TransformerConfig(**state["config"])).to(device)
-    model.load_state_dict(state["state_dict"])
-    return model.eval(), Vocab.from_dict(state["src_vocab"]), Vocab.from_dict(state["tgt_vocab"])
-
-
-def run(args: argparse.Namespace) -> dict:
-    _check_args(args)
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device) if not isinstance(args.device, torch.device) else args.device
+def load_splits(args: argparse.Namespace) -> TextSplits:
+    """Your ``--data`` pairs split at random, or the embedded numbers (held-out numbers never in training)."""
     if args.data is not None:
-        data = split_pairs(load_tsv(args.data), seed=args.seed)
-    else:
-        data = load_numbers(n_train=args.train_size, seed=args.seed)
-    src_vocab, tgt_vocab = data.src_vocab, data.tgt_vocab
-    model = build_model(data, args).to(device)
-    src_all, tgt_all = encode_pairs(data.train, src_vocab, tgt_vocab)
-    tgt_in_all, labels_all = teacher_forcing(tgt_all, tgt_vocab.bos_id, tgt_vocab.eos_id, tgt_vocab.pad_id)
-    src_all, tgt_in_all, labels_all = src_all.to(device), tgt_in_all.to(device), labels_all.to(device)
+        return split_text_pairs(read_tsv(args.data), seed=args.seed, source=str(args.data))
+    return number_text_splits(n_train=args.train_size, seed=args.seed)
 
+
+def make_tokenizers(kind: str, train: list[TextPair], vocab_size: int) -> tuple[Tokenizer, Tokenizer]:
+    """Source and target tokenizers learnt from the training pairs only; BPE is one shared vocabulary."""
+    if kind == "bpe":
+        shared = train_tokenizer("bpe", [s for s, _ in train] + [t for _, t in train], vocab_size)
+        return shared, shared
+    return train_tokenizer(kind, [s for s, _ in train]), train_tokenizer(kind, [t for _, t in train])
+
+
+def encode_pairs(pairs: list[TextPair], src_tok: Tokenizer, tgt_tok: Tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Source ids and target ids (no BOS/EOS), each right-padded to a tensor."""
+    return (pad_batch([src_tok.encode(s) for s, _ in pairs], src_tok.pad_id),
+            pad_batch([tgt_tok.encode(t) for _, t in pairs], tgt_tok.pad_id))
+
+
+def model_config(args: argparse.Namespace, src_tok: Tokenizer, tgt_tok: Tokenizer, train: list[TextPair]) -> dict:
+    """The Transformer's config: sizes from the options, vocabularies and room for twice the longest training pair."""
+    longest = max(max(len(src_tok.encode(s)), len(tgt_tok.encode(t))) for s, t in train)
+    return {"src_vocab": len(src_tok), "tgt_vocab": len(tgt_tok), "d_model": args.d_model, "n_heads": args.n_heads,
+            "n_layers": args.n_layers, "d_ff": args.d_ff, "dropout": args.dropout, "max_len": 2 * longest + 16,
+            "pad_id": src_tok.pad_id, "norm_first": args.norm_first}
+
+
+def build_model(config: dict) -> Transformer:
+    """The encoder-decoder of a config dict (as :func:`model_config` makes and the checkpoint stores)."""
+    return Transformer(TransformerConfig(**config))
+
+
+def score(hypotheses: list[str], references: list[str]) -> dict:
+    """Exact match, corpus BLEU and chrF (sacrebleu defaults) with their signatures."""
+    bleu, chrf = BLEU(), CHRF()
+    return {
+        "exact_match": sum(h == r for h, r in zip(hypotheses, references)) / len(references),
+        "bleu": bleu.corpus_score(hypotheses, [references]).score,
+        "chrf": chrf.corpus_score(hypotheses, [references]).score,
+        "test_pairs": len(references),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+    }
+
+
+def evaluate(translator: Translator, pairs: list[TextPair], beam: int = 1) -> tuple[dict, list[str]]:
+    """Decode every source (greedy by default) and score against the references: (metrics, predictions)."""
+    predictions = translator.translate([s for s, _ in pairs], beam=beam)
+    return score(predictions, [t for _, t in pairs]), predictions
+
+
+def train_steps(model: Transformer, data: tuple[torch.Tensor, torch.Tensor, torch.Tensor], args: argparse.Namespace,
+                pad_id: int) -> tuple[int, float]:
+    """The training loop; returns (steps done, seconds)."""
+    src_all, tgt_in_all, labels_all = data
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     scheduler = noam_scheduler(optimizer, args.d_model, args.warmup, args.lr_factor)
     generator = torch.Generator().manual_seed(args.seed)
     model.train()
-    start = time.perf_counter()
+    start, steps = time.perf_counter(), 0
     progress = tqdm(range(args.steps), desc="translate", disable=args.quiet)
     for step in progress:
-        index = torch.randint(len(data.train), (args.batch_size,), generator=generator).to(device)
+        index = torch.randint(len(src_all), (args.batch_size,), generator=generator).to(src_all.device)
         src, tgt_in, labels = src_all[index], tgt_in_all[index], labels_all[index]
         # Trim the columns that are padding in the whole batch: less work, same loss.
-        src = src[:, : int((src != Vocab.pad_id).sum(1).max())]
-        width = int((labels != Vocab.pad_id).sum(1).max())
+        src = src[:, : int((src != pad_id).sum(1).max())]
+        width = int((labels != pad_id).sum(1).max())
         tgt_in, labels = tgt_in[:, :width], labels[:, :width]
         logits = model(src, tgt_in)
-        loss = label_smoothed_cross_entropy(logits, labels, args.label_smoothing, ignore_index=Vocab.pad_id)
+        loss = label_smoothed_cross_entropy(logits, labels, args.label_smoothing, ignore_index=pad_id)
         if not math.isfinite(loss.item()):
             raise ValueError(f"the loss became {loss.item()} at step {step}; lower --lr-factor or raise --warmup")
         optimizer.zero_grad(set_to_none=True)
@@ -157,17 +167,48 @@ def run(args: argparse.Namespace) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_norm)
         optimizer.step()
         scheduler.step()
+        steps = step + 1
         if step % 50 == 0:
             progress.set_postfix(loss=f"{loss.item():.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
         if args.time_budget is not None and time.perf_counter() - start > args.time_budget:
             break
     progress.close()
-    train_seconds = time.perf_counter() - start
+    return steps, time.perf_counter() - start
 
-    model.eval()
-    metrics = evaluate(model, data.test, src_vocab, tgt_vocab, device)
-    print(f"trained {step + 1} steps in {train_seconds:.0f} s; held-out test ({len(data.test)} pairs): "
-          f"exact match {metrics['exact_match']:.1%}, BLEU {metrics['bleu']:.1f}")
+
+def run(args: argparse.Namespace) -> dict:
+    _check_args(args)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device) if not isinstance(args.device, torch.device) else args.device
+    splits = load_splits(args)
+    kind = args.tokenizer or ("bpe" if args.data is not None else "word")
+    src_tok, tgt_tok = make_tokenizers(kind, splits.train, args.vocab_size)
+    vocab = (f"{len(src_tok)} pieces shared by source and target" if src_tok is tgt_tok
+             else f"{len(src_tok)} source / {len(tgt_tok)} target tokens")
+    if not args.quiet:
+        print(f"data: {splits.description}\ntokenizer: {kind}, {vocab} (learnt from the training pairs only)")
+    config = model_config(args, src_tok, tgt_tok, splits.train)
+    model = build_model(config).to(device)
+    src_all, tgt_all = encode_pairs(splits.train, src_tok, tgt_tok)
+    tgt_in_all, labels_all = teacher_forcing(tgt_all, tgt_tok.bos_id, tgt_tok.eos_id, tgt_tok.pad_id)
+    steps, train_seconds = train_steps(model, (src_all.to(device), tgt_in_all.to(device), labels_all.to(device)),
+                                       args, tgt_tok.pad_id)
+
+    translator = Translator(model, src_tok, tgt_tok)
+    metrics, predictions = evaluate(translator, splits.test)
+    print(f"trained {steps} steps in {train_seconds:.0f} s; held-out test ({len(splits.test)} pairs, never trained "
+          f"on): exact match {metrics['exact_match']:.1%}, BLEU {metrics['bleu']:.1f}, chrF {metrics['chrf']:.1f}")
+    if not args.quiet:
+        print(f"BLEU signature: {metrics['bleu_signature']}\nchrF signature: {metrics['chrf_signature']}")
     if args.out is not None:
-        save_checkpoint(Path(args.out) / "model.pt", model, src_vocab, tgt_vocab, metrics)
+        data = {"source": str(args.data) if args.data is not None else "embedded numbers", "tokenizer": kind,
+                "description": splits.description, "seed": args.seed, "train_pairs": len(splits.train),
+                "validation_pairs": len(splits.validation), "test_pairs": len(splits.test)}
+        path = save_checkpoint(args.out, kind=KIND, config=config, model=model, metrics=metrics, data=data,
+                               vocab={"source": src_tok.to_dict(), "target": tgt_tok.to_dict()})
+        Path(args.out, PREDICTIONS_FILE).write_text(
+            "".join(f"{s}\t{t}\t{p}\n" for (s, t), p in zip(splits.test, predictions)), encoding="utf-8")
+        if not args.quiet:
+            print(f"checkpoint: {path}; held-out predictions: {Path(args.out, PREDICTIONS_FILE)}; "
+                  f"use it with `python -m solutions.translate {args.out}`")
     return metrics

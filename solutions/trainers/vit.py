@@ -2,8 +2,14 @@
 
 Default: the embedded 8×8 digits (no download), 4×4 = 16 patches of 2×2 pixels.
 ``--dataset mnist|cifar10`` downloads through torchvision (online only);
-``--data FILE.npz`` trains on your arrays ``images`` (N, C, H, W) or (N, H, W)
-and ``labels`` (N,), holding out a stratified 20% for the test accuracy.
+``--data DIR`` trains on your images in torchvision's ImageFolder layout
+(``DIR/<class>/<image>``, any size, resized to ``--image-size``), and
+``--data FILE.npz`` on your arrays ``images`` (N, C, H, W) or (N, H, W) and
+``labels`` (N,). Both hold out a stratified 20% of each class for the test
+accuracy, never trained on.
+
+Same names as the other trainers: ``KIND``, ``add_arguments``, ``build_model``,
+``evaluate``, ``run``.
 """
 
 from __future__ import annotations
@@ -16,23 +22,33 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from jaxtyping import Float
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from solutions.data.digits import load_digits, load_npz, load_torchvision
+from solutions.checkpoint import save_checkpoint
+from solutions.data.digits import FOLDER_LAYOUT, load_digits, load_image_folder, load_npz, load_torchvision
 from solutions.vit import VisionTransformer
+
+KIND = "vit"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
-        "--data FILE: an .npz with arrays 'images' (N, C, H, W) or (N, H, W), square, and integer 'labels' (N,) "
-        "in 0..n_classes-1; 20% of each class is held out for the test accuracy."
+        f"--data DIR: images in {FOLDER_LAYOUT}; any size, grey or colour, centre-cropped and resized to "
+        "--image-size. --data FILE.npz: arrays 'images' (N, C, H, W) or (N, H, W), square, and integer 'labels' "
+        "(N,) in 0..n_classes-1. Either way 20% of each class is held out for the test accuracy and never "
+        "trained on; --out DIR saves DIR/model.pt with the class names."
     )
     parser.add_argument("--dataset", choices=("digits", "mnist", "cifar10"), default="digits",
                         help="digits = the embedded 8×8 UCI digits (default, offline); mnist and cifar10 are "
                              "downloaded by torchvision into --data-root (needs the internet once)")
     parser.add_argument("--data-root", type=Path, default=Path("~/.cache/transformer-deep-dive").expanduser(),
                         help="where torchvision keeps MNIST/CIFAR-10 (default: ~/.cache/transformer-deep-dive)")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="resize the images to this side in pixels (default: for a --data folder, the images' "
+                             "own side when all are square and the same size up to 64 px, else 32; otherwise "
+                             "the data's own size)")
     parser.add_argument("--model", choices=("vit", "cnn"), default="vit",
                         help="vit (default) or a small CNN baseline, to compare inductive biases")
     parser.add_argument("--epochs", type=int, default=100, help="passes over the training set (default: 100)")
@@ -85,14 +101,31 @@ def default_patch_size(image_size: int) -> int:
     return next(p for p in range(1, image_size + 1) if image_size % p == 0 and image_size // p <= 8)
 
 
-def load_data(args: argparse.Namespace) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor], str]:
+def load_data(args: argparse.Namespace) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor], str, list[str]]:
+    """(train, test, a description of the source, class names); ``--image-size`` applied."""
+    if args.data is not None and args.data.is_dir():
+        train, test, classes = load_image_folder(args.data, args.image_size, seed=args.seed)
+        return train, test, f"the image folder {args.data}", classes
     if args.data is not None:
+        if args.data.suffix != ".npz":
+            raise ValueError(f"--data {args.data}: expected a folder in {FOLDER_LAYOUT}, or an .npz file")
         train, test = load_npz(args.data, seed=args.seed)
-        return train, test, str(args.data)
-    if args.dataset == "digits":
-        return load_digits("train", seed=args.seed), load_digits("test", seed=args.seed), "digits"
-    train, test = load_torchvision(args.dataset, args.data_root)
-    return train, test, args.dataset
+        source = str(args.data)
+    elif args.dataset == "digits":
+        train, test, source = load_digits("train", seed=args.seed), load_digits("test", seed=args.seed), "digits"
+    else:
+        (train, test), source = load_torchvision(args.dataset, args.data_root), args.dataset
+    if args.image_size is not None and args.image_size != train[0].shape[-1]:
+        train, test = ((resize(x, args.image_size), y) for x, y in (train, test))
+    n_classes = int(max(train[1].max(), test[1].max())) + 1
+    return train, test, source, [str(label) for label in range(n_classes)]
+
+
+def resize(
+    images: Float[Tensor, "batch channels height width"], side: int
+) -> Float[Tensor, "batch channels side side"]:
+    """Bilinear resize (antialiased when shrinking) to ``side`` × ``side``."""
+    return F.interpolate(images, size=(side, side), mode="bilinear", antialias=True, align_corners=False)
 
 
 def random_shift(images: Tensor, generator: torch.Generator, max_shift: int = 1) -> Tensor:
@@ -132,14 +165,20 @@ def evaluate(model: nn.Module, images: Tensor, labels: Tensor, device: torch.dev
     return correct / len(images)
 
 
-def build_model(args: argparse.Namespace, in_channels: int, image_size: int, n_classes: int) -> tuple[nn.Module, dict]:
+def model_config(args: argparse.Namespace, in_channels: int, image_size: int, n_classes: int) -> dict:
+    """The model's config dict (what the checkpoint stores): ``model`` = "vit" or "cnn", then its arguments."""
     if args.model == "cnn":
-        config = {"in_channels": in_channels, "n_classes": n_classes, "channels": args.cnn_channels}
-        return SmallCNN(**config), config
+        return {"model": "cnn", "in_channels": in_channels, "n_classes": n_classes, "channels": args.cnn_channels}
     patch_size = args.patch_size or default_patch_size(image_size)
-    model = VisionTransformer(image_size, patch_size, in_channels, n_classes, args.d_model, args.n_layers,
-                              args.n_heads, args.d_mlp, args.dropout)
-    return model, asdict(model.config)
+    return {"model": "vit", "image_size": image_size, "patch_size": patch_size, "in_channels": in_channels,
+            "n_classes": n_classes, "d_model": args.d_model, "n_layers": args.n_layers, "n_heads": args.n_heads,
+            "d_mlp": args.d_mlp, "dropout": args.dropout}
+
+
+def build_model(config: dict) -> nn.Module:
+    """The ViT or the CNN baseline of a config dict from :func:`model_config`."""
+    kwargs = {key: value for key, value in config.items() if key != "model"}
+    return SmallCNN(**kwargs) if config["model"] == "cnn" else VisionTransformer(**kwargs)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -150,23 +189,32 @@ def run(args: argparse.Namespace) -> dict:
         torch.set_num_threads(threads)  # set_num_threads is process-wide: give it back
 
 
-def _run(args: argparse.Namespace) -> dict:
+def _check_args(args: argparse.Namespace) -> None:
     if not 0.0 <= args.label_smoothing < 1.0:
         raise ValueError(f"--label-smoothing must be in [0, 1); got {args.label_smoothing}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1; got {args.threads}")
+    if args.image_size is not None and args.image_size < 1:
+        raise ValueError(f"--image-size must be at least 1; got {args.image_size}")
     for name in ("epochs", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}")
-    (train_x, train_y), (test_x, test_y), source = load_data(args)
-    in_channels, image_size = train_x.shape[1], train_x.shape[-1]
-    if args.threads is not None or image_size <= 16:
-        torch.set_num_threads(args.threads or 1)
-    n_classes = int(max(train_y.max(), test_y.max())) + 1
-    model, config = build_model(args, in_channels, image_size, n_classes)
-    model.to(args.device)
-    n_params = sum(p.numel() for p in model.parameters())
 
+
+def _shorten_to_budget(schedule: dict, step: int, seconds: float, args: argparse.Namespace, total_planned: int,
+                       steps_per_epoch: int) -> None:
+    """After ``step`` steps in ``seconds``: end the cosine early when the time budget cannot hold every step."""
+    affordable = int(args.time_budget / (seconds / step))
+    if affordable < schedule["total"]:
+        schedule["total"] = max(step, affordable)
+        schedule["warmup"] = min(schedule["warmup"], max(1, schedule["total"] // 10))
+        if not args.quiet:
+            tqdm.write(f"--time-budget {args.time_budget:g} s: training {schedule['total']} of "
+                       f"{total_planned} steps ({schedule['total'] / steps_per_epoch:.1f} epochs)")
+
+
+def fit(model: nn.Module, train_x: Tensor, train_y: Tensor, args: argparse.Namespace) -> tuple[int, float]:
+    """AdamW with warmup + cosine, label smoothing, clipping, random shifts; (steps done, seconds)."""
     optimizer = torch.optim.AdamW(parameter_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999))
     steps_per_epoch = math.ceil(len(train_x) / args.batch_size)
     # A mutable schedule: when the time budget cannot hold every epoch, the cosine is shortened to end in time.
@@ -175,10 +223,6 @@ def _run(args: argparse.Namespace) -> dict:
         optimizer, lambda step: warmup_cosine(step, schedule["warmup"], schedule["total"])
     )
     generator = torch.Generator().manual_seed(args.seed)
-
-    if not args.quiet:
-        print(f"{args.model} with {n_params:,} parameters on {source}: "
-              f"{len(train_x)} train / {len(test_x)} test images of {in_channels}×{image_size}×{image_size}")
     start = time.perf_counter()
     step, probe = 0, min(50, schedule["total"])
     progress = tqdm(total=schedule["total"], desc=f"train {args.model}", unit="step", disable=args.quiet)
@@ -187,9 +231,7 @@ def _run(args: argparse.Namespace) -> dict:
         order = torch.randperm(len(train_x), generator=generator)
         for i in range(0, len(order), args.batch_size):
             index = order[i:i + args.batch_size]
-            images = train_x[index]
-            if not args.no_augment:
-                images = random_shift(images, generator)
+            images = train_x[index] if args.no_augment else random_shift(train_x[index], generator)
             loss = F.cross_entropy(model(images.to(args.device)), train_y[index].to(args.device),
                                    label_smoothing=args.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
@@ -202,29 +244,41 @@ def _run(args: argparse.Namespace) -> dict:
             if step % 10 == 0:
                 progress.set_postfix(loss=f"{loss.item():.4f}", epoch=f"{step / steps_per_epoch:.1f}")
             if step == probe and args.time_budget:
-                affordable = int(args.time_budget / ((time.perf_counter() - start) / step))
-                if affordable < schedule["total"]:
-                    schedule["total"] = max(step, affordable)
-                    schedule["warmup"] = min(schedule["warmup"], max(1, schedule["total"] // 10))
-                    progress.total = schedule["total"]
-                    if not args.quiet:
-                        tqdm.write(f"--time-budget {args.time_budget:g} s: training {schedule['total']} of "
-                                   f"{args.epochs * steps_per_epoch} steps ({schedule['total'] / steps_per_epoch:.1f} epochs)")
+                _shorten_to_budget(schedule, step, time.perf_counter() - start, args,
+                                   args.epochs * steps_per_epoch, steps_per_epoch)
+                progress.total = schedule["total"]
             if step >= schedule["total"] or (args.time_budget and time.perf_counter() - start > args.time_budget):
                 schedule["total"] = step
                 break
     progress.close()
-    train_seconds = time.perf_counter() - start
-    epochs_done = round(step / steps_per_epoch, 2)
+    return step, time.perf_counter() - start
+
+
+def _run(args: argparse.Namespace) -> dict:
+    _check_args(args)
+    (train_x, train_y), (test_x, test_y), source, classes = load_data(args)
+    in_channels, image_size = train_x.shape[1], train_x.shape[-1]
+    if args.threads is not None or image_size <= 16:
+        torch.set_num_threads(args.threads or 1)
+    config = model_config(args, in_channels, image_size, len(classes))
+    model = build_model(config).to(args.device)
+    n_params = sum(p.numel() for p in model.parameters())
+    if not args.quiet:
+        print(f"{args.model} with {n_params:,} parameters on {source}: {len(classes)} classes, "
+              f"{len(train_x)} train / {len(test_x)} test images of {in_channels}×{image_size}×{image_size}")
+    step, train_seconds = fit(model, train_x, train_y, args)
+    epochs_done = round(step / math.ceil(len(train_x) / args.batch_size), 2)
 
     accuracy = evaluate(model, test_x, test_y, args.device)
     print(f"{args.model} test accuracy: {accuracy:.2%} on {len(test_x)} held-out images "
-          f"({epochs_done} epochs, {train_seconds:.1f} s)")
+          f"(20% of each class, never trained on; {epochs_done} epochs, {train_seconds:.1f} s)")
+    metrics = {"accuracy": accuracy, "model": args.model, "epochs": epochs_done,
+               "train_seconds": round(train_seconds, 2), "parameters": n_params}
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": args.model, "config": config, "state_dict": model.state_dict(),
-                    "accuracy": accuracy, "source": source}, args.out / "model.pt")
+        data = {"source": source, "seed": args.seed, "train_images": len(train_x), "test_images": len(test_x),
+                "image_size": image_size, "in_channels": in_channels}
+        path = save_checkpoint(args.out, kind=KIND, config=config, model=model, vocab={"classes": classes},
+                               metrics=metrics, data=data)
         if not args.quiet:
-            print(f"checkpoint saved to {args.out / 'model.pt'}")
-    return {"accuracy": accuracy, "model": args.model, "epochs": epochs_done,
-            "train_seconds": round(train_seconds, 2), "parameters": n_params}
+            print(f"checkpoint saved to {path}")
+    return metrics

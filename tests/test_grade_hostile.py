@@ -1,0 +1,234 @@
+"""The batch grader, as root with bubblewrap, on the second red-team batch (tests/redteam/hostile.py).
+
+Graded once, with a CPU-bound process running beside it (a busy machine), and checked
+for: exact points and statuses per student, an honest control student with full marks,
+host files that keep owner, mode and content, a root-only secret that appears in no
+output, no terminal control bytes in any output, a CSV every reader splits the same way,
+and feedback for every student. Then the batch-level cases: a fork bomb beside an honest
+student, a kernel that cannot start, a self-check killed while its notebook stalls.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder import record, registry, sandbox
+from redteam import build as redteam
+from redteam import hostile
+
+REPO = Path(__file__).resolve().parents[1]
+CH1 = redteam.CH1
+NB = f"{CH1}.ipynb"
+
+pytestmark = [
+    pytest.mark.slow, pytest.mark.sandbox,
+    pytest.mark.skipif(sandbox.detect() != "bwrap",
+                       reason="bubblewrap (bwrap) is not usable here: the hostile batch needs the sandbox"),
+]
+
+
+def _grade(subs: Path, out: Path, *extra: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(out / "grades.csv"), "--jobs", "2",
+           "--gradebook", "none", "--cell-timeout", "20", "--notebook-timeout", "150", "--chapter", CH1, *extra]
+    return subprocess.run(cmd, capture_output=True, cwd=REPO, timeout=timeout)
+
+
+@pytest.fixture()
+def cpu_burner():
+    """A CPU-bound process beside the grader: verdicts may not depend on an idle machine."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True:\n    pass"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _fingerprint(path: Path) -> tuple:
+    st = os.lstat(path)
+    return st.st_uid, st.st_gid, st.st_mode, path.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile")
+    source = tmp / "source"
+    shutil.copytree(REPO / "autograder" / "source", source)
+    redteam.plant_sentinel(source)
+    host = hostile.host_files(tmp / "host")
+    before = {name: _fingerprint(p) for name, p in host.items()}
+    expected = hostile.build(tmp, source, host)
+    out = tmp / "out"
+    out.mkdir()
+    burner = subprocess.Popen([sys.executable, "-c", "while True:\n    pass"])
+    try:
+        started = time.monotonic()
+        result = _grade(tmp / "submissions", out, "--source", str(source))
+        seconds = time.monotonic() - started
+    finally:
+        burner.kill()
+        burner.wait()
+    feedback = subprocess.run([sys.executable, "-m", "autograder", "feedback", str(out / "grades.csv"), "--out",
+                               str(out / "feedback")], capture_output=True, cwd=REPO, timeout=300)
+    yield {"tmp": tmp, "out": out, "host": host, "before": before, "expected": expected, "result": result,
+           "seconds": seconds, "feedback": feedback}
+    subs = tmp / "submissions"
+    sandbox.remove_tree(subs)  # its names and depths are hostile to pytest's own cleanup
+
+
+def test_hostile_batch_completes(batch):
+    result = batch["result"]
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-3000:]
+
+
+def test_hostile_batch_exact_points_and_statuses(batch):
+    rows = record.read_csv(batch["out"] / "grades.csv")
+    wrong = []
+    for student, want in batch["expected"].items():
+        mine = [r for r in rows if r["student"] == student]
+        if not mine:
+            wrong.append(f"{student!r}: no rows")
+            continue
+        got_points = sum(float(r["points"]) for r in mine)
+        if got_points != want["points"]:
+            wrong.append(f"{student!r}: {got_points} points, expected {want['points']}: "
+                         + "; ".join(f"{r['exercise']} {r['status']} {r['reason'][:120]}" for r in mine))
+        for exercise, status in want["statuses"].items():
+            found = [r for r in mine if r["exercise"] == exercise]
+            if len(found) != 1:
+                wrong.append(f"{student!r} {exercise}: {len(found)} rows, expected one")
+            elif status != "any" and found[0]["status"] != status:
+                wrong.append(f"{student!r} {exercise}: {found[0]['status']} ({found[0]['reason'][:160]}), "
+                             f"expected {status}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_hostile_batch_duplicates_are_reported_not_counted_twice(batch):
+    rows = [r for r in record.read_csv(batch["out"] / "grades.csv") if r["student"] == "dup"]
+    assert sum(float(r["max_points"]) for r in rows) == hostile.FULL
+    duplicate = [r for r in rows if r["status"] == "duplicate"]
+    assert len(duplicate) == 1 and duplicate[0]["notebook"].endswith("-Copy1.ipynb")
+
+
+def test_hostile_batch_host_files_keep_owner_mode_and_content(batch):
+    for name, path in batch["host"].items():
+        assert _fingerprint(path) == batch["before"][name], name
+
+
+def test_hostile_batch_secret_appears_in_no_output(batch):
+    out = batch["out"]
+    blobs = [batch["result"].stdout, batch["result"].stderr, batch["feedback"].stdout, batch["feedback"].stderr]
+    blobs += [p.read_bytes() for p in out.rglob("*") if p.is_file()]
+    assert not any(hostile.SECRET in blob for blob in blobs)
+    assert not any(redteam.SENTINEL.encode() in blob for blob in blobs)
+
+
+def test_hostile_batch_output_has_no_terminal_control_bytes(batch):
+    out = batch["out"]
+    for blob in (batch["result"].stdout, batch["result"].stderr, (out / "grades.csv").read_bytes()):
+        assert b"\x1b" not in blob and b"\x07" not in blob and b"\x9b" not in blob
+
+
+def test_hostile_batch_csv_splits_the_same_for_every_reader(batch):
+    data = (batch["out"] / "grades.csv").read_bytes()
+    rows = record.read_csv(batch["out"] / "grades.csv")
+    with open(batch["out"] / "grades.csv", newline="") as f:
+        plain = list(csv.reader(f))
+    assert len(plain) == len(rows) + 1 and all(len(r) == len(record.FIELDS) for r in plain)
+    assert data.count(b"\r\n") == len(rows) + 1  # no bare carriage return splits a row for line-based readers
+    for row in plain[1:]:
+        assert not any(cell.startswith(("=", "+", "-", "@")) for cell in row), row
+
+
+def test_hostile_batch_feedback_for_every_student(batch):
+    assert batch["feedback"].returncode == 0, batch["feedback"].stderr[-2000:]
+    rows = record.read_csv(batch["out"] / "grades.csv")
+    students = {r["student"] for r in rows}
+    pages = {p.name for p in (batch["out"] / "feedback").iterdir()}
+    assert {record.feedback_filename(s) for s in students} == pages
+    assert record.feedback_filename("a b") != record.feedback_filename("a_b")
+
+
+def test_fork_bomb_beside_an_honest_student_on_a_busy_machine(tmp_path, cpu_burner):
+    source = REPO / "autograder" / "source"
+    subs = tmp_path / "submissions"
+    bomb = redteam.solved(CH1, source)
+    redteam.insert_after_imports(bomb, "import os\nfor _ in range(3):\n    if os.fork() == 0:\n"
+                                       "        while True:\n            try:\n                os.fork()\n"
+                                       "            except OSError:\n                pass\n")
+    redteam.set_cell(bomb, "padding_mask_solution", "def padding_mask(tokens, pad_id):\n    import os\n"
+                                                    "    while True:\n        os.fork()\n")
+    for student, nb in (("bomb", bomb), ("honest", redteam.solved(CH1, source))):
+        (subs / student).mkdir(parents=True)
+        nbformat.write(nb, subs / student / NB)
+    (tmp_path / "out").mkdir()
+    result = _grade(subs, tmp_path / "out")
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    rows = record.read_csv(tmp_path / "out" / "grades.csv")
+    honest = [r for r in rows if r["student"] == "honest"]
+    assert [r["status"] for r in honest] == ["passed"] * len(honest), honest
+    bomb_rows = {r["exercise"]: r["status"] for r in rows if r["student"] == "bomb"}
+    assert bomb_rows["padding_mask"] != "passed"
+    assert [s for e, s in bomb_rows.items() if e != "padding_mask"] == ["passed"] * 4, bomb_rows
+
+
+def test_kernel_that_cannot_start_gives_every_exercise_one_status_at_once(tmp_path):
+    subs = tmp_path / "submissions" / "alice"
+    subs.mkdir(parents=True)
+    nbformat.write(redteam.solved(CH1, REPO / "autograder" / "source"), subs / NB)
+    (tmp_path / "out").mkdir()
+    started = time.monotonic()
+    result = _grade(tmp_path / "submissions", tmp_path / "out", "--memory-gb", "1", "--jobs", "1")
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    rows = record.read_csv(tmp_path / "out" / "grades.csv")
+    assert {r["status"] for r in rows} == {"crashed"} and all("could not start" in r["reason"] for r in rows)
+    assert len(rows) == len(registry.get(CH1).exercises)
+    assert seconds < 150, f"{seconds:.0f} s: a kernel that cannot start must not be retried until the deadline"
+    # Not cached as graded: a rerun (e.g. with more memory) grades it again.
+    again = _grade(tmp_path / "submissions", tmp_path / "out", "--jobs", "1")
+    assert b"already graded" not in again.stderr
+    assert {r["status"] for r in record.read_csv(tmp_path / "out" / "grades.csv")} == {"passed"}
+
+
+def _runner_pids() -> set[int]:
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"autograder.runner" in cmd:
+                pids.add(int(entry))
+    return pids
+
+
+def test_selfcheck_killed_while_its_notebook_stalls_leaves_no_runner(tmp_path):
+    nb = redteam.solved(CH1, REPO / "autograder" / "source")
+    redteam.insert_after_imports(nb, "import time\ntime.sleep(3600)\n")
+    path = tmp_path / NB
+    nbformat.write(nb, path)
+    before = _runner_pids()
+    proc = subprocess.Popen([sys.executable, "-m", "autograder", "check", str(path)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not (_runner_pids() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    mine = _runner_pids() - before
+    assert mine, "the self-check never started its kernel"
+    time.sleep(2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while (_runner_pids() & mine) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not (_runner_pids() & mine), "the kernel outlived the killed self-check"

@@ -1,0 +1,297 @@
+"""The grader's parts on hostile input, without a sandbox: discovery, reading, the wire, output, cleanup.
+
+Each test names the attack class of docs/grading.md's threat model it covers.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autograder import record, registry, sandbox, submissions, wire
+from autograder.checks import core, honesty
+
+CH1 = registry.CHAPTERS[0]
+NB = CH1.notebook
+
+
+def _touch(path: Path, data: bytes = b"{}") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+# --- discovery: links, special files, depth, names -----------------------------------------
+
+
+def test_discover_never_follows_links_and_reports_them(tmp_path):
+    root = tmp_path / "subs"
+    _touch(root / "alice" / NB)
+    (root / "bob").mkdir()
+    os.symlink(root / "alice" / NB, root / "bob" / NB)  # a link to a peer's notebook
+    os.symlink(root / "alice", root / "carol")  # a student folder that is a link
+    outside = _touch(tmp_path / "outside" / "x" / NB)
+    os.symlink(outside.parent, root / "alice" / "sub")  # a link to a folder outside
+    found = submissions.discover(root)
+    by_student = {(f.student, f.relpath): f for f in found.found}
+    assert by_student[("bob", f"bob/{NB}")].problem.startswith("a link")
+    assert by_student[("alice", f"alice/{NB}")].problem is None
+    assert not any("outside" in f.relpath or f.relpath.startswith("alice/sub") for f in found.found)
+    assert "carol" in found.students and not any(f.student == "carol" for f in found.found)
+    assert any("carol" in line and "link" in line for line in found.skipped)
+
+
+def test_read_refuses_links_fifos_devices_and_oversized_files(tmp_path):
+    root = tmp_path / "subs"
+    secret = _touch(tmp_path / "secret.txt", b"TOP-SECRET-BYTES")
+    os.chmod(secret, 0o600)
+    _touch(root / "a" / NB, b'{"cells": []}')
+    os.symlink(secret, root / "a" / "link.ipynb")
+    os.mkfifo(root / "a" / "fifo.ipynb")
+    with open(root / "a" / "sparse.ipynb", "wb") as f:
+        f.truncate(8 * 2**30)  # 8 GiB, no blocks
+    assert submissions.read(root, f"a/{NB}".encode(), 1000)[0] == b'{"cells": []}'
+    for name, expected in (("link.ipynb", "a link"), ("fifo.ipynb", "a FIFO"), ("sparse.ipynb", "larger than")):
+        started = time.monotonic()
+        with pytest.raises(submissions.Unreadable, match=expected) as err:
+            submissions.read(root, f"a/{name}".encode(), 64 * 2**20)
+        assert "TOP-SECRET" not in str(err.value)
+        assert time.monotonic() - started < 30  # a FIFO must not block; the sparse file is never read
+    os.symlink(tmp_path, root / "dirlink")
+    with pytest.raises(submissions.Unreadable):
+        submissions.read(root, f"dirlink/secret.txt".encode(), 1000)  # no link on the way either
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_read_refuses_a_device(tmp_path):
+    root = tmp_path / "subs"
+    (root / "a").mkdir(parents=True)
+    os.mknod(root / "a" / NB, 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+    with pytest.raises(submissions.Unreadable, match="a device"):
+        submissions.read(root, f"a/{NB}".encode(), 1000)
+
+
+def test_discover_is_iterative_and_bounded_in_depth(tmp_path):
+    root = tmp_path / "subs"
+    deep = root / "deep"
+    deep.mkdir(parents=True)
+    fd = os.open(deep, os.O_RDONLY)
+    for _ in range(3000):  # far deeper than Python's recursion limit
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(fd)
+    _touch(root / "ok" / "a" / "b" / NB)
+    try:
+        found = submissions.discover(root)
+        assert [f.relpath for f in found.found] == [f"ok/a/b/{NB}"]
+        assert any("deeper than" in line for line in found.skipped)
+    finally:
+        sandbox.remove_tree(deep)  # pytest's own cleanup (shutil.rmtree) recurses and would fail
+
+
+def test_discover_any_file_name_linux_allows(tmp_path):
+    root = tmp_path / "subs"
+    names = [b"stud\xffent", b"eve\rmallory", b"=cmd|' /C calc'!A0", b"a b", b"a_b", b"\x1b]52;c;aGk=\x07x",
+             b"back\\slash", b"n" * 240]
+    for name in names:
+        _touch(Path(os.fsdecode(bytes(root) + b"/" + name + b"/" + NB.encode())))
+    found = submissions.discover(root)
+    students = sorted(f.student for f in found.found)
+    assert len(set(students)) == len(names)  # one-to-one
+    for s in students:
+        assert s == record.printable(s)  # nothing a terminal would interpret
+    assert "stud\\xffent" in students and "eve\\x0dmallory" in students and "back\\\\slash" in students
+
+
+def test_match_chapter_exact_renamed_and_flat():
+    assert submissions.match_chapter(NB) == (CH1.id, True, "")
+    for renamed in (f"{CH1.id}-Copy1.ipynb", f"{CH1.id} (1).ipynb", f"{CH1.id}_v2.ipynb", f"{CH1.id}-checkpoint.ipynb"):
+        assert submissions.match_chapter(renamed)[:2] == (CH1.id, False), renamed
+    assert submissions.match_chapter(f"alice_{CH1.id}.ipynb") == (CH1.id, False, "alice")
+    assert submissions.match_chapter("homework.ipynb")[0] is None
+    assert submissions.match_chapter(f"{CH1.id}_but_different.ipynb")[0] is None
+
+
+# --- the wire: nothing from the kernel is trusted --------------------------------------------
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000, b"[1, 2]", b"\xff\xfe", b"{\"a\": ", b"5"])
+def test_wire_parse_rejects_anything_but_an_object(body):
+    with pytest.raises(wire.ProtocolError):
+        wire.parse(body)
+
+
+@pytest.mark.parametrize("value", [
+    "[" * 50_000 + "]" * 50_000,
+    json.dumps({"__list__": [{"__list__": [{"__list__": []}]}] }).replace("[]", "[" + "{\"__list__\": [" * 40 + "]}" * 40 + "]"),
+    json.dumps({"__tensor__": "float32", "shape": [10**12], "data": ""}),
+    json.dumps({"__tensor__": "object", "shape": [1], "data": "AAAA"}),
+    json.dumps({"__dict__": 5}), json.dumps({"__float__": 1.5}), 5, None,
+])
+def test_wire_decode_value_rejects_malformed_and_deep_values(value):
+    with pytest.raises(wire.ProtocolError):
+        wire.decode_value(value)
+
+
+def test_wire_header_cap():
+    with pytest.raises(wire.ProtocolError):
+        wire.body_size((wire.MAX_MESSAGE + 1).to_bytes(8, "big"))
+
+
+@pytest.mark.parametrize("answer", [
+    [1, 2], {"ok": "yes"}, {"ok": True, "outputs": 5}, {"ok": True, "outputs": "[", "inputs_after": "{}"},
+    {"ok": False, "kind": ["memory"], "error": {"x": 1}}, {"ok": False, "kind": "MemoryError", "error": "x"},
+])
+def test_result_from_answer_is_strict(answer):
+    with pytest.raises(core.ProbeError) as err:
+        core.result_from_answer(answer)
+    assert err.value.status in ("error", "missing")  # never "memory" or "passed" from a shape the grader did not make
+
+
+# --- output that cannot be injected ------------------------------------------------------------
+
+
+def test_csv_survives_carriage_returns_and_formulas(tmp_path):
+    rows = [{"student": s, "notebook": f"{s}/{NB}", "exercise": e, "points": 1, "max_points": 2, "status": "failed",
+             "reason": r}
+            for s, e, r in (("eve\rmallory", "-", "line1\r\nline2"), ("=cmd|' /C calc'!A0", "softmax", "+1"),
+                            ("@SUM(A1)", "softmax", "-1e4 fill"), ("'quoted", "softmax", "'=x"), ("\tTab", "x", "@"))]
+    path = tmp_path / "grades.csv"
+    record.write_csv(path, rows)
+    back = record.read_csv(path)
+    assert [{k: r[k] for k in ("student", "exercise", "reason")} for r in back] == \
+        [{k: r[k] for k in ("student", "exercise", "reason")} for r in rows]
+    with open(path, newline="") as f:  # what a spreadsheet sees: no cell starts a formula
+        raw = list(csv.reader(f))
+    assert len(raw) == len(rows) + 1
+    for line in raw[1:]:
+        assert not any(cell.startswith(("=", "+", "-", "@", "\t", "\r")) for cell in line), line
+    assert b"\r\r" not in path.read_bytes().replace(b"\r\n", b"")
+
+
+def test_feedback_names_are_collision_free_and_bounded():
+    names = ["a b", "a_b", "ada", "ada.", "n" * 240, "é", "../../etc/passwd", ".hidden", "x~y", "a/b"]
+    files = [record.feedback_filename(n) for n in names]
+    assert len(set(files)) == len(files)
+    assert record.feedback_filename("ada") == "ada.html"
+    for f in files:
+        assert len(f.encode()) <= 100 and "/" not in f and not f.startswith(".")
+
+
+def test_printable_escapes_terminal_control():
+    text = record.printable("ok\x1b]52;c;aGk=\x07\x1b[2J\u202eevil\x9b")
+    assert not any(ord(ch) < 0x20 or 0x7f <= ord(ch) <= 0x9f or ch == "\u202e" for ch in text)
+    assert "\\x1b" in text and "\\u202e" in text
+
+
+def test_output_files_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        record.atomic_write(tmp_path / "f.csv", b"x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "f.csv").st_mode) == 0o644
+
+
+# --- the static pass is linear -----------------------------------------------------------------
+
+
+def test_honesty_pass_is_linear_in_the_cell_size():
+    def cell(n: int) -> str:
+        return "def padding_mask(tokens, pad_id):\n" + "    x = (tokens + 1) * 2 - tokens.sum()\n" * n + "    return x\n"
+
+    def seconds(n: int) -> float:
+        started = time.process_time()
+        honesty.delegation([cell(n)], "padding_mask", ("*softmax*",), ("solutions.attention",))
+        return time.process_time() - started
+
+    small, large = seconds(1000), seconds(8000)  # about 40 KB and 320 KB
+    assert large < 20 * max(small, 0.01), (small, large)  # 8x the size: far below the 64x of a quadratic pass
+
+
+@pytest.mark.parametrize("dodge", [
+    ["import torch.nn.functional as F\n_sm = F.softmax", "def softmax(x, dim=-1):\n    return _sm(x, dim)"],
+    ["import torch\ndef softmax(x, dim=-1):\n    return getattr(torch, 'softmax')(x, dim)"],
+    ["import torch\ndef softmax(x, dim=-1):\n    return torch._softmax(x, dim, False)"],
+    ["from torch.nn.functional import softmax as s\ndef softmax(x, dim=-1):\n    return s(x, dim)"],
+    ["import solutions\ndef softmax(x, dim=-1):\n    return solutions.attention.softmax(x, dim)"],
+])
+def test_honesty_static_pass_flags_dodges(dodge):
+    assert honesty.delegation(dodge, "softmax", ("*softmax*", "softmin"), ("solutions.attention",))
+
+
+# --- cleanup never follows a link and never recurses ---------------------------------------------
+
+
+def test_remove_tree_deep_chains_links_and_locked_folders(tmp_path):
+    keep = _touch(tmp_path / "outside" / "keep.txt", b"keep")
+    os.chmod(keep, 0o600)
+    before = os.stat(keep)
+    root = tmp_path / "scratch"
+    root.mkdir()
+    os.symlink(keep, root / "link")
+    os.symlink(keep.parent, root / "dirlink")
+    fd = os.open(root, os.O_RDONLY)
+    for _ in range(5000):
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(fd)
+    _touch(root / "locked" / "f")
+    os.chmod(root / "locked", 0)
+    sandbox.remove_tree(root)
+    assert not root.exists()
+    after = os.stat(keep)
+    assert keep.read_bytes() == b"keep" and (after.st_uid, after.st_mode) == (before.st_uid, before.st_mode)
+
+
+# --- the grader's command line on wrong input ------------------------------------------------------
+
+
+def _grade(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autograder", "grade", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+def test_grade_without_notebooks_exits_1_with_the_layout(tmp_path):
+    (tmp_path / "subs" / "alice").mkdir(parents=True)
+    (tmp_path / "subs" / "bob").mkdir()
+    done = _grade(str(tmp_path / "subs"), "--out", str(tmp_path / "out" / "g.csv"), cwd=tmp_path)
+    assert done.returncode == 1
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: no notebook found") and "2 student folder(s)" in line and NB in line
+
+
+def test_grade_with_only_unknown_names_exits_1(tmp_path):
+    _touch(tmp_path / "subs" / "alice" / "homework.ipynb")
+    done = _grade(str(tmp_path / "subs"), "--out", str(tmp_path / "out" / "g.csv"), cwd=tmp_path)
+    assert done.returncode == 1 and "has a chapter's name" in done.stderr
+
+
+def test_grade_out_inside_submissions_is_refused(tmp_path):
+    _touch(tmp_path / "subs" / "alice" / NB)
+    done = _grade(str(tmp_path / "subs"), "--out", str(tmp_path / "subs" / "g.csv"), cwd=tmp_path)
+    assert done.returncode == 1 and "outside SUBMISSIONS" in done.stderr
+
+
+def test_autograder_without_the_course_installed_says_which_python(tmp_path):
+    fake = tmp_path / "site"
+    fake.mkdir()
+    (fake / "nbformat.py").write_text("raise ModuleNotFoundError('nbformat', name='nbformat')\n")
+    env = dict(os.environ, PYTHONPATH=f"{fake}{os.pathsep}{Path(__file__).resolve().parents[1]}")
+    done = subprocess.run([sys.executable, "-m", "autograder", "check", "x.ipynb"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().count("\n") == 0 and "does not have the course installed" in done.stderr
