@@ -237,7 +237,7 @@ def _decoder_by_hand(inputs: dict, x: Tensor, memory: Tensor, mask: Tensor | Non
         blocks[0], blocks[1] = blocks[1], blocks[0]
     with torch.no_grad():
         for i, (name, block) in enumerate(blocks, start=1):
-            if norm_first:
+            if norm_first and not (bug == "mixed_norms" and name == "cross"):
                 x = residual[name] * x + block(norm(i, x))
             else:
                 x = norm(i, residual[name] * x + block(x))
@@ -253,6 +253,8 @@ _DECODER_MISTAKES = {
     "query_from_memory": "in cross-attention the queries come from the decoder (x); keys and values come from memory",
     "norm_flipped": "post-norm and pre-norm are swapped: norm_first=False is LN(x + sublayer(x)) (the paper), "
     "norm_first=True is x + sublayer(LN(x))",
+    "mixed_norms": "post-norm and pre-norm are mixed: with norm_first=True every sub-layer is x + sublayer(LN(x)); "
+    "your cross-attention block is post-norm",
     "no_self_residual": "the residual connection around the self-attention is missing",
     "no_cross_residual": "the residual connection around the cross-attention is missing",
     "no_feed_forward_residual": "the residual connection around the feed-forward network is missing",
@@ -327,6 +329,27 @@ def _judge_padding(inputs: dict, outputs: dict) -> None:
              "padding the batch has. Pass memory_mask to the cross-attention")
     x, memory, mask = inputs["calls"][0]
     _expect_decoder(inputs, base, x, memory, mask, "your decoder layer differs from nn.TransformerDecoderLayer")
+
+
+def _steps_inputs(gen: torch.Generator) -> dict:
+    inputs = _decoder_inputs(gen, norm_first=bool(_int(gen, 0, 1)))
+    inputs["layer"] = _int(gen, 1, 5)
+    return inputs
+
+
+def _judge_steps(inputs: dict, outputs: dict) -> None:
+    x, memory, mask = inputs["args"]
+    _expect_decoder(inputs, outputs["full"], x, memory, mask, "your decoder layer differs from "
+                    "nn.TransformerDecoderLayer with the same weights")
+    steps = outputs["steps"]
+    if not all(isinstance(s, Tensor) and tuple(s.shape) == (x.shape[0], 1, x.shape[2]) for s in steps):
+        fail("with a cache, forward on one new position must return (batch, 1, d_model)")
+    if not torch.allclose(torch.cat(steps, dim=1), outputs["full"], atol=1e-5, rtol=1e-4):
+        fail("decoding one position at a time with a cache gives other outputs than the full pass: pass "
+             "cache=cache and layer=layer to both self.self_attn and self.cross_attn (greedy decoding uses it)")
+    if any(seen != inputs["layer"] for seen in outputs["layers_seen"]):
+        fail(f"the cache was handed layer={sorted(set(outputs['layers_seen']))}, but this layer was called with "
+             f"layer={inputs['layer']}: pass layer=layer on, or the layers of a model overwrite each other's cache")
 
 
 # --- noam_lr --------------------------------------------------------------------------------------
@@ -955,6 +978,8 @@ CHECKS: dict[str, Check] = {
             Case("a target position never sees later positions", _future_inputs, "module_forward_each", _judge_future),
             Case("more source padding does not change the output (pre-norm)",
                  lambda g: _padding_inputs(g, norm_first=True), "module_forward_each", _judge_padding),
+            Case("one position at a time with a cache gives the outputs of the full pass", _steps_inputs,
+                 "decoder_layer_steps", _judge_steps),
         ),
         hidden=(
             Case("pre-norm layer equals nn.TransformerDecoderLayer(norm_first=True)",

@@ -212,6 +212,50 @@ def decode_lookup(obj: Any, inputs: dict) -> dict:
     out = obj(model, *inputs.get("args", ()), **inputs.get("kwargs", {}))
     return {"out": out, "training_after": model.training, "encode_calls": model.encode_calls, "fed": model.fed}
 
+
+class _StepCache:
+    """The protocol of the decoder cache a chapter-4 attention module uses (``write``, ``cross_keys_values``),
+    for one layer, written out here; it records which layer indices it was handed."""
+
+    def __init__(self, cross: tuple, layer: int) -> None:
+        self.cross, self.layer, self.k, self.v, self.length = cross, layer, None, None, 0
+        self.layers_seen: list[int] = []
+
+    def __len__(self) -> int:
+        return self.length
+
+    def cross_keys_values(self, layer: int) -> tuple:
+        self.layers_seen.append(layer)
+        return self.cross
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        self.layers_seen.append(layer)
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
+        return self.k, self.v
+
+    def advance(self, n_tokens: int) -> None:
+        self.length += n_tokens
+
+
+def decoder_layer_steps(obj: Any, inputs: dict) -> dict:
+    """Build and load ``obj`` (a decoder layer) like :func:`module_forward`; ``forward(x, memory, mask)`` on the
+    whole target, then one target position at a time with a cache (``cache=…, layer=inputs["layer"]``; the
+    cross-attention keys/values from ``module.cross_attn.keys_values(memory)``). Returns both, and the layer
+    indices the cache was handed."""
+    module = obj(*inputs.get("init_args", ()), **inputs.get("init_kwargs", {}))
+    module.load_state_dict(inputs["state"], strict=True)
+    module.eval()
+    x, memory, mask = inputs["args"]
+    with torch.no_grad():
+        full = module(x, memory, mask)
+        cache = _StepCache(module.cross_attn.keys_values(memory), inputs["layer"])
+        steps = []
+        for t in range(x.shape[1]):
+            steps.append(module(x[:, t : t + 1], memory, mask, cache=cache, layer=inputs["layer"]))
+            cache.advance(1)
+    return {"full": full, "steps": steps, "layers_seen": cache.layers_seen}
+
 _PROBES = {name: value for name, value in dict(globals()).items()
            if callable(value) and not name.startswith("_") and name not in ("execute", "Forbidden", "Guard", "Any")
            and getattr(value, "__module__", None) == __name__}

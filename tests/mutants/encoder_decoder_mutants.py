@@ -15,6 +15,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from mutants import Mutant
+from solutions.attention import attention
 from solutions.multihead import MultiHeadAttention
 
 # --- teacher_forcing ---
@@ -65,7 +66,27 @@ def tf_hardcoded_ids(tgt, bos_id, eos_id, pad_id):
     return decoder_input, labels
 
 
-# --- DecoderLayer (own copies of the parts, with chapter 2's MultiHeadAttention: same state_dict names) ---
+# --- DecoderLayer (own copies of the parts on chapter 2's MultiHeadAttention: the same state_dict names) ---
+
+
+class _CachedAttention(MultiHeadAttention):
+    def keys_values(self, context):
+        bias = None if self.in_proj.bias is None else self.in_proj.bias[self.d_model :]
+        k, v = F.linear(context, self.in_proj.weight[self.d_model :], bias).split(self.n_kv_heads * self.d_head, dim=-1)
+        return self.split_heads(k), self.split_heads(v)
+
+    def forward(self, x, context=None, mask=None, *, is_causal=False, cache=None, layer=0):
+        if cache is None:
+            return super().forward(x, context, mask, is_causal=is_causal)
+        if context is None:
+            q, k, v = self.project_qkv(x)
+            k, v = cache.write(layer, k, v)
+        else:
+            bias = None if self.in_proj.bias is None else self.in_proj.bias[: self.d_model]
+            q = self.split_heads(F.linear(x, self.in_proj.weight[: self.d_model], bias))
+            k, v = cache.cross_keys_values(layer)
+        out = attention(q, k, v, mask, is_causal=is_causal)
+        return self.out_proj(self.merge_heads(out))
 
 
 class _FeedForward(nn.Module):
@@ -85,8 +106,8 @@ class _DecoderLayer(nn.Module):
                  layer_norm_eps=1e-5):
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
+        self.self_attn = _CachedAttention(d_model, n_heads, dropout=dropout)
+        self.cross_attn = _CachedAttention(d_model, n_heads, dropout=dropout)
         self.feed_forward = _FeedForward(d_model, d_ff, dropout, activation)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -95,60 +116,65 @@ class _DecoderLayer(nn.Module):
         self.dropout2 = nn.Dropout(dropout)
         self.dropout3 = nn.Dropout(dropout)
 
-    def self_block(self, x):
-        return self.self_attn(x, is_causal=True)
+    def self_block(self, x, cache, layer):
+        return self.self_attn(x, is_causal=True, cache=cache, layer=layer)
 
-    def cross_block(self, x, memory, memory_mask):
-        return self.cross_attn(x, memory, memory_mask)
+    def cross_block(self, x, memory, memory_mask, cache, layer):
+        return self.cross_attn(x, memory, memory_mask, cache=cache, layer=layer)
 
     def forward(self, x, memory, memory_mask=None, cache=None, layer=0):
         if self.norm_first:
-            x = x + self.dropout1(self.self_block(self.norm1(x)))
-            x = x + self.dropout2(self.cross_block(self.norm2(x), memory, memory_mask))
+            x = x + self.dropout1(self.self_block(self.norm1(x), cache, layer))
+            x = x + self.dropout2(self.cross_block(self.norm2(x), memory, memory_mask, cache, layer))
             return x + self.dropout3(self.feed_forward(self.norm3(x)))
-        x = self.norm1(x + self.dropout1(self.self_block(x)))
-        x = self.norm2(x + self.dropout2(self.cross_block(x, memory, memory_mask)))
+        x = self.norm1(x + self.dropout1(self.self_block(x, cache, layer)))
+        x = self.norm2(x + self.dropout2(self.cross_block(x, memory, memory_mask, cache, layer)))
         return self.norm3(x + self.dropout3(self.feed_forward(x)))
 
 
 class DecoderNoCausalMask(_DecoderLayer):
-    def self_block(self, x):
-        return self.self_attn(x)
+    def self_block(self, x, cache, layer):
+        return self.self_attn(x, cache=cache, layer=layer)
 
 
 class DecoderQueryFromMemory(_DecoderLayer):
-    def cross_block(self, x, memory, memory_mask):
+    def cross_block(self, x, memory, memory_mask, cache, layer):
         return self.cross_attn(memory, x)
 
 
 class DecoderNoMemoryMask(_DecoderLayer):
-    def cross_block(self, x, memory, memory_mask):
-        return self.cross_attn(x, memory)
+    def cross_block(self, x, memory, memory_mask, cache, layer):
+        return self.cross_attn(x, memory, cache=cache, layer=layer)
 
 
 class DecoderCausalCrossAttention(_DecoderLayer):
-    def cross_block(self, x, memory, memory_mask):
-        return self.cross_attn(x, memory, memory_mask, is_causal=True)
+    def cross_block(self, x, memory, memory_mask, cache, layer):
+        return self.cross_attn(x, memory, memory_mask, is_causal=True, cache=cache, layer=layer)
 
 
 class DecoderNoCrossResidual(_DecoderLayer):
     def forward(self, x, memory, memory_mask=None, cache=None, layer=0):
         if self.norm_first:
-            x = x + self.dropout1(self.self_block(self.norm1(x)))
-            x = self.dropout2(self.cross_block(self.norm2(x), memory, memory_mask))
+            x = x + self.dropout1(self.self_block(self.norm1(x), cache, layer))
+            x = self.dropout2(self.cross_block(self.norm2(x), memory, memory_mask, cache, layer))
             return x + self.dropout3(self.feed_forward(self.norm3(x)))
-        x = self.norm1(x + self.dropout1(self.self_block(x)))
-        x = self.norm2(self.dropout2(self.cross_block(x, memory, memory_mask)))
+        x = self.norm1(x + self.dropout1(self.self_block(x, cache, layer)))
+        x = self.norm2(self.dropout2(self.cross_block(x, memory, memory_mask, cache, layer)))
         return self.norm3(x + self.dropout3(self.feed_forward(x)))
 
 
 class DecoderMixedNorms(_DecoderLayer):
     def forward(self, x, memory, memory_mask=None, cache=None, layer=0):
         if self.norm_first:
-            x = x + self.dropout1(self.self_block(self.norm1(x)))
-            x = self.norm2(x + self.dropout2(self.cross_block(x, memory, memory_mask)))  # post-norm here
+            x = x + self.dropout1(self.self_block(self.norm1(x), cache, layer))
+            x = self.norm2(x + self.dropout2(self.cross_block(x, memory, memory_mask, cache, layer)))  # post-norm
             return x + self.dropout3(self.feed_forward(self.norm3(x)))
-        return super().forward(x, memory, memory_mask)
+        return super().forward(x, memory, memory_mask, cache, layer)
+
+
+class DecoderCacheNotPassed(_DecoderLayer):
+    def self_block(self, x, cache, layer):
+        return self.self_attn(x, is_causal=True)  # with a cache, each new token only sees itself
 
 
 # --- noam_lr / noam_scheduler ---
@@ -376,6 +402,9 @@ MUTANTS: list[Mutant] = [
            DecoderCausalCrossAttention),
     Mutant("decoder_no_cross_residual", "DecoderLayer",
            "the residual connection around the cross-attention is missing", DecoderNoCrossResidual),
+    Mutant("decoder_cache_not_passed", "DecoderLayer",
+           "cache and layer not passed on to the self-attention: with a KV cache each new token attends only to "
+           "itself, so cached decoding differs from the full pass", DecoderCacheNotPassed),
     Mutant("decoder_mixed_norms", "DecoderLayer",
            "pre-norm and post-norm mixed: with norm_first=True the cross-attention block is still post-norm",
            DecoderMixedNorms),
