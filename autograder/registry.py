@@ -147,6 +147,21 @@ CHAPTERS: tuple[Chapter, ...] = (
             Exercise("alibi_bias", 2, "solutions.positional:alibi_bias"),
         ),
     ),
+    Chapter(
+        id="04_encoder_decoder",
+        title="The encoder-decoder",
+        checks="autograder.checks.encoder_decoder",
+        answers=("solutions.transformer", "solutions.schedule", "solutions.losses", "solutions.decoding"),
+        exercises=(
+            Exercise("teacher_forcing", 2, "solutions.transformer:teacher_forcing"),
+            Exercise("DecoderLayer", 3, "solutions.transformer:DecoderLayer"),
+            Exercise("noam_lr", 1, "solutions.schedule:noam_lr"),
+            Exercise("noam_scheduler", 1, "solutions.schedule:noam_scheduler"),
+            Exercise("label_smoothed_cross_entropy", 2, "solutions.losses:label_smoothed_cross_entropy"),
+            Exercise("greedy_decode", 2, "solutions.decoding:greedy_decode"),
+            Exercise("beam_search", 3, "solutions.decoding:beam_search"),
+        ),
+    ),
 )
 
 

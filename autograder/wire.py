@@ -74,7 +74,7 @@ def _to_json(obj: Any, depth: int) -> Any:
         name = str(t.dtype).removeprefix("torch.")
         if name not in _DTYPES:
             raise TypeError(f"cannot send tensors of dtype {t.dtype}")
-        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""  # reshape: 0-dim too
         return {"__tensor__": name, "shape": list(t.shape), "data": base64.b64encode(raw).decode("ascii")}
     if obj is None or isinstance(obj, (bool, int, str)):
         return obj

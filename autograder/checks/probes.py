@@ -191,6 +191,100 @@ def call_tracking_size(obj: Any, inputs: dict) -> dict:
     return {"out": out, "largest": int(tracker.largest)}
 
 
+
+# --- chapter 4 ---
+
+from autograder.checks.lookup import LookupModel  # noqa: E402  (a plain-data model the decoding probes build)
+
+
+def call_each(obj: Any, inputs: dict) -> dict:
+    """:func:`call_or_error` for each ``(args, kwargs)`` pair of ``inputs["calls"]``; ``{"results": [...]}``."""
+    return {"results": [call_or_error(obj, {"args": args, "kwargs": kwargs}) for args, kwargs in inputs["calls"]]}
+
+
+def module_forward_each(obj: Any, inputs: dict) -> dict:
+    """Build and load ``obj`` like :func:`module_forward` (eval mode, no grad), then ``forward(*args)`` for each
+    args tuple of ``inputs["calls"]``; ``{"outs": [...]}``."""
+    module = obj(*inputs.get("init_args", ()), **inputs.get("init_kwargs", {}))
+    if inputs.get("state") is not None:
+        module.load_state_dict(inputs["state"], strict=True)
+    module.eval()
+    with torch.no_grad():
+        return {"outs": [module(*args) for args in inputs["calls"]]}
+
+
+def scheduler_lrs(obj: Any, inputs: dict) -> dict:
+    """An optimizer over one parameter, one param group per lr of ``inputs["lrs"]``; ``obj(optimizer, *args)``;
+    then each group's lr before each of ``inputs["steps"]`` optimizer and scheduler steps. An exception raised
+    by ``obj`` is returned (type and message) instead of raised."""
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": lr} for lr in inputs["lrs"]]
+    optimizer = torch.optim.SGD(groups)
+    try:
+        scheduler = obj(optimizer, *inputs.get("args", ()), **inputs.get("kwargs", {}))
+    except NotImplementedError:  # an unsolved stub is not an answer
+        raise
+    except Exception as err:  # the judge decides whether this error was the expected one
+        return {"lrs": None, "error": _error(err)}
+    lrs = []
+    for _ in range(inputs["steps"]):
+        lrs.append([group["lr"] for group in optimizer.param_groups])
+        optimizer.step()
+        scheduler.step()
+    return {"lrs": lrs, "error": None}
+
+
+def decode_lookup(obj: Any, inputs: dict) -> dict:
+    """Build a :class:`~autograder.checks.lookup.LookupModel` from ``inputs["model"]`` (in train mode when
+    ``inputs["train"]``) and call ``obj(model, *args, **kwargs)``; returns the output, the model's mode
+    afterwards, how often it encoded and how many tokens each decode call fed."""
+    model = LookupModel(**inputs["model"]).train(inputs.get("train", False))
+    out = obj(model, *inputs.get("args", ()), **inputs.get("kwargs", {}))
+    return {"out": out, "training_after": model.training, "encode_calls": model.encode_calls, "fed": model.fed}
+
+
+class _StepCache:
+    """The protocol of the decoder cache a chapter-4 attention module uses (``write``, ``cross_keys_values``),
+    for one layer, written out here; it records which layer indices it was handed."""
+
+    def __init__(self, cross: tuple, layer: int) -> None:
+        self.cross, self.layer, self.k, self.v, self.length = cross, layer, None, None, 0
+        self.layers_seen: list[int] = []
+
+    def __len__(self) -> int:
+        return self.length
+
+    def cross_keys_values(self, layer: int) -> tuple:
+        self.layers_seen.append(layer)
+        return self.cross
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        self.layers_seen.append(layer)
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
+        return self.k, self.v
+
+    def advance(self, n_tokens: int) -> None:
+        self.length += n_tokens
+
+
+def decoder_layer_steps(obj: Any, inputs: dict) -> dict:
+    """Build and load ``obj`` (a decoder layer) like :func:`module_forward`; ``forward(x, memory, mask)`` on the
+    whole target, then one target position at a time with a cache (``cache=…, layer=inputs["layer"]``; the
+    cross-attention keys/values from ``module.cross_attn.keys_values(memory)``). Returns both, and the layer
+    indices the cache was handed."""
+    module = obj(*inputs.get("init_args", ()), **inputs.get("init_kwargs", {}))
+    module.load_state_dict(inputs["state"], strict=True)
+    module.eval()
+    x, memory, mask = inputs["args"]
+    with torch.no_grad():
+        full = module(x, memory, mask)
+        cache = _StepCache(module.cross_attn.keys_values(memory), inputs["layer"])
+        steps = []
+        for t in range(x.shape[1]):
+            steps.append(module(x[:, t : t + 1], memory, mask, cache=cache, layer=inputs["layer"]))
+            cache.advance(1)
+    return {"full": full, "steps": steps, "layers_seen": cache.layers_seen}
+
 _PROBES = {name: value for name, value in dict(globals()).items()
            if callable(value) and not name.startswith("_") and name not in ("execute", "Forbidden", "Guard", "Any")
            and getattr(value, "__module__", None) == __name__}

@@ -1,0 +1,1095 @@
+"""Checks for chapter 4, the encoder-decoder (references: :mod:`solutions.transformer`,
+:mod:`solutions.schedule`, :mod:`solutions.losses`, :mod:`solutions.decoding`).
+
+Each judge computes the right answer independently — by hand from lists (teacher forcing),
+``nn.TransformerDecoderLayer`` with copied weights, the Noam formula, ``F.cross_entropy``
+with ``label_smoothing``, and plain-Python greedy, beam and exhaustive search over a
+:class:`~autograder.checks.lookup.LookupModel` whose probabilities are known — and, when the
+answer is wrong, recomputes the usual mistakes to name the one that was made. Property cases
+check what each exercise is for: no future leak, padding invariance, per-row EOS stop, beams
+that continue their parent, a finite loss for large logits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from autograder.checks import core
+from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
+from autograder.checks.lookup import LookupModel
+from solutions.multihead import MultiHeadAttention
+from solutions.transformer import DecoderLayer as ReferenceDecoderLayer
+
+NEVER = -1.0e4  # the logit of a token a model never predicts (BOS, padding)
+
+
+def _int(gen: torch.Generator, low: int, high: int) -> int:
+    """A random int in [low, high] drawn from ``gen``."""
+    return int(torch.randint(low, high + 1, (1,), generator=gen))
+
+
+def _same(actual: Any, expected: Tensor, atol: float = 1e-5) -> bool:
+    return (
+        isinstance(actual, Tensor)
+        and tuple(actual.shape) == tuple(expected.shape)
+        and torch.allclose(actual.to(expected.dtype), expected, atol=atol, rtol=1e-4)
+    )
+
+
+def _expect_value_error(error: dict | None, arguments: tuple[str, ...], what: str) -> None:
+    names = " or ".join(arguments)
+    if error is None:
+        fail(f"{what}, but your code went on: raise a ValueError that names {names}")
+    if error["type"] != "ValueError":
+        fail(f"{what}: raise a ValueError (you raised {error['type']}: {error['message']})")
+    if not any(name in error["message"] for name in arguments):
+        fail(f"{what}: your ValueError should name {names} and say what to change; it said {error['message']!r}")
+
+
+# --- teacher_forcing ------------------------------------------------------------------------------
+
+
+def _special_ids(gen: torch.Generator, default: bool) -> tuple[int, int, int]:
+    """(bos, eos, pad): the ids of the embedded data set, or three random distinct ids."""
+    if default:
+        return 1, 2, 0
+    bos, eos, pad = torch.randperm(40, generator=gen)[:3].tolist()
+    return bos, eos, pad
+
+
+def _tf_inputs(gen: torch.Generator, *, default_ids: bool = True, empty_row: bool = False,
+               no_padding: bool = False) -> dict:
+    bos, eos, pad = _special_ids(gen, default_ids)
+    allowed = torch.tensor([i for i in range(40) if i not in (bos, eos, pad)])
+    batch, width = _int(gen, 3, 5), _int(gen, 3, 7)
+    lengths = torch.randint(1, width + 1, (batch,), generator=gen)
+    lengths[0] = width  # a full row: its EOS needs the extra column
+    if no_padding:
+        lengths[:] = width
+    else:
+        lengths[1] = _int(gen, 1, width - 1)  # a padded row: its EOS goes right after its last token
+    if empty_row:
+        lengths[-1] = 0
+    tokens = allowed[torch.randint(len(allowed), (batch, width), generator=gen)]
+    tgt = torch.where(torch.arange(width)[None, :] < lengths[:, None], tokens, torch.full_like(tokens, pad))
+    return {"args": (tgt, bos, eos, pad)}
+
+
+def _tf_expected(tgt: Tensor, bos: int, eos: int, pad: int) -> tuple[Tensor, Tensor]:
+    """Row by row with lists: input BOS + tokens, labels tokens + EOS, both padded to width + 1."""
+    width = tgt.shape[1]
+    rows = [[t for t in row if t != pad] for row in tgt.tolist()]
+    inputs = [[bos] + row + [pad] * (width - len(row)) for row in rows]
+    labels = [row + [eos] + [pad] * (width - len(row)) for row in rows]
+    return torch.tensor(inputs, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
+
+
+def _equal(actual: Tensor, expected: Tensor) -> bool:
+    return tuple(actual.shape) == tuple(expected.shape) and torch.equal(actual.long(), expected)
+
+
+def _judge_tf(inputs: dict, outputs: dict) -> None:
+    tgt, bos, eos, pad = inputs["args"]
+    out = outputs["out"]
+    if not isinstance(out, (tuple, list)) or len(out) != 2 or not all(isinstance(t, Tensor) for t in out):
+        fail("return a pair of tensors (decoder_input, labels)")
+    decoder_input, labels = out
+    if decoder_input.is_floating_point() or labels.is_floating_point():
+        fail("decoder_input and labels hold token ids: keep an integer dtype (like tgt's)")
+    expected_input, expected_labels = _tf_expected(tgt, bos, eos, pad)
+    if _equal(decoder_input, expected_input) and _equal(labels, expected_labels):
+        return
+    batch, width = tgt.shape
+    shapes = f"got {tuple(decoder_input.shape)} and {tuple(labels.shape)}"
+    if tuple(decoder_input.shape) != (batch, width + 1) or tuple(labels.shape) != (batch, width + 1):
+        if width in (decoder_input.shape[-1], labels.shape[-1]):
+            fail(f"{shapes}: both need width + 1 = {width + 1} columns (BOS + {width} tokens, {width} tokens + EOS). "
+                 "Cutting them to the input's width drops the EOS of the longest rows: the model never learns to stop")
+        fail(f"{shapes}; both must be (batch, width + 1) = {(batch, width + 1)}")
+    if _equal(decoder_input, expected_labels) and _equal(labels, expected_labels):
+        fail("no shift: the decoder input equals the labels, so position t is asked for the token it is given "
+             "(the training loss falls to ~0 and decoding is garbage). Input = BOS + tokens, labels = tokens + EOS")
+    if _equal(decoder_input, expected_labels) and _equal(labels, expected_input):
+        fail("shifted the wrong way: the decoder reads BOS + tokens and predicts tokens + EOS, not the reverse")
+    eos_after_padding = torch.cat([tgt, tgt.new_full((batch, 1), eos)], dim=1)
+    if _equal(labels, eos_after_padding):
+        fail("EOS goes right after each row's last real token, not after the padding: a padded row's labels are "
+             "tokens, EOS, pad, pad, …")
+    if (bos, eos, pad) != (1, 2, 0):
+        rows = torch.where(tgt == pad, 0, tgt)
+        fixed_input, fixed_labels = _tf_expected(rows, 1, 2, 0)
+        if _equal(decoder_input, fixed_input) or _equal(labels, fixed_labels):
+            fail(f"use the bos_id={bos}, eos_id={eos} and pad_id={pad} you are given, not the ids of our data set "
+                 "(1, 2, 0): a different id at training and decoding time is a silent bug")
+    if _equal(labels, expected_labels):
+        fail("the labels are right but the decoder input is not: BOS, then the target tokens, padded with pad_id")
+    if _equal(decoder_input, expected_input):
+        fail("the decoder input is right but the labels are not: the target tokens, EOS right after the last real "
+             "token, then pad_id")
+    fail("decoder_input must be BOS + tokens and labels tokens + EOS, both right-padded with pad_id to width + 1")
+
+
+def _tf_left_padded_inputs(gen: torch.Generator) -> dict:
+    tgt = torch.randint(3, 30, (2, 4), generator=gen)
+    tgt[1, 0] = 0  # a pad before real tokens
+    return {"args": (tgt, 1, 2, 0)}
+
+
+def _tf_same_ids_inputs(gen: torch.Generator) -> dict:
+    return {"args": (torch.randint(3, 30, (2, 4), generator=gen), 1, 1, 0)}
+
+
+# --- DecoderLayer --------------------------------------------------------------------------------
+
+
+def _random_state(module: nn.Module, gen: torch.Generator) -> dict[str, Tensor]:
+    """The reference module's parameter names with random values (LayerNorms near 1 and 0, so they matter)."""
+    state = {}
+    for name, p in module.state_dict().items():
+        if name.startswith("norm") and name.endswith("weight"):
+            state[name] = 1.0 + 0.2 * torch.randn(p.shape, generator=gen)
+        elif p.dim() > 1:
+            state[name] = torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1])
+        else:
+            state[name] = 0.2 * torch.randn(p.shape, generator=gen)
+    return state
+
+
+def _decoder_inputs(gen: torch.Generator, *, norm_first: bool = False, activation: str = "relu",
+                    seq_q: int | None = None, seq_k: int | None = None, padding: bool = True) -> dict:
+    n_heads = [2, 4][_int(gen, 0, 1)]
+    d_model, d_ff = n_heads * _int(gen, 2, 4), _int(gen, 8, 24)
+    init_kwargs = {"norm_first": norm_first, "activation": activation}
+    state = _random_state(ReferenceDecoderLayer(d_model, n_heads, d_ff, 0.0, **init_kwargs), gen)
+    batch = _int(gen, 2, 3)
+    seq_q = seq_q or _int(gen, 3, 6)
+    seq_k = seq_k or seq_q + _int(gen, 1, 3)  # different lengths: queries from memory would not even fit
+    x, memory = torch.randn(batch, seq_q, d_model, generator=gen), torch.randn(batch, seq_k, d_model, generator=gen)
+    mask = None
+    if padding:
+        lengths = torch.randint(1, seq_k + 1, (batch,), generator=gen)
+        lengths[0] = _int(gen, 1, seq_k - 1) if seq_k > 1 else 1  # at least one padded source
+        mask = (torch.arange(seq_k)[None, :] < lengths[:, None])[:, None, None, :]
+    return {"init_args": (d_model, n_heads, d_ff), "init_kwargs": init_kwargs, "state": state,
+            "args": (x, memory, mask)}
+
+
+def _torch_decoder(inputs: dict, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
+    """nn.TransformerDecoderLayer (batch first) with the same weights; PyTorch's masks mean True = NOT allowed."""
+    d_model, n_heads, d_ff = inputs["init_args"]
+    kw, state = inputs["init_kwargs"], inputs["state"]
+    layer = nn.TransformerDecoderLayer(d_model, n_heads, d_ff, dropout=0.0, activation=kw["activation"],
+                                       batch_first=True, norm_first=kw["norm_first"])
+    theirs = {}
+    for ours, their in (("self_attn", "self_attn"), ("cross_attn", "multihead_attn")):
+        theirs[f"{their}.in_proj_weight"] = state[f"{ours}.in_proj.weight"]
+        theirs[f"{their}.in_proj_bias"] = state[f"{ours}.in_proj.bias"]
+        for part in ("weight", "bias"):
+            theirs[f"{their}.out_proj.{part}"] = state[f"{ours}.out_proj.{part}"]
+    for part in ("weight", "bias"):
+        for linear in ("linear1", "linear2"):
+            theirs[f"{linear}.{part}"] = state[f"feed_forward.{linear}.{part}"]
+        for norm in ("norm1", "norm2", "norm3"):
+            theirs[f"{norm}.{part}"] = state[f"{norm}.{part}"]
+    layer.load_state_dict(theirs, strict=True)
+    layer.eval()
+    seq_q = x.shape[1]
+    future = ~torch.ones(seq_q, seq_q, dtype=torch.bool).tril()
+    with torch.no_grad():
+        return layer(x, memory, tgt_mask=future, memory_key_padding_mask=None if mask is None else ~mask[:, 0, 0, :])
+
+
+def _decoder_by_hand(inputs: dict, x: Tensor, memory: Tensor, mask: Tensor | None, bug: str) -> Tensor:
+    """The decoder layer written out with chapter 2's MultiHeadAttention, with one known mistake."""
+    d_model, n_heads, d_ff = inputs["init_args"]
+    kw, state = inputs["init_kwargs"], inputs["state"]
+    attn = {}
+    for name in ("self_attn", "cross_attn"):
+        attn[name] = MultiHeadAttention(d_model, n_heads).eval()
+        attn[name].load_state_dict({k.split(".", 1)[1]: v for k, v in state.items() if k.startswith(name + ".")})
+    activation = F.relu if kw["activation"] == "relu" else F.gelu
+
+    def norm(i: int, h: Tensor) -> Tensor:
+        return F.layer_norm(h, (d_model,), state[f"norm{i}.weight"], state[f"norm{i}.bias"], 1e-5)
+
+    def feed_forward(h: Tensor) -> Tensor:
+        hidden = activation(F.linear(h, state["feed_forward.linear1.weight"], state["feed_forward.linear1.bias"]))
+        return F.linear(hidden, state["feed_forward.linear2.weight"], state["feed_forward.linear2.bias"])
+
+    def self_block(h: Tensor) -> Tensor:
+        return attn["self_attn"](h, is_causal=bug != "no_causal_mask")
+
+    def cross_block(h: Tensor) -> Tensor:
+        if bug == "query_from_memory":
+            return attn["cross_attn"](memory, h)
+        return attn["cross_attn"](h, memory, None if bug == "no_memory_mask" else mask, is_causal=bug == "causal_cross")
+
+    norm_first = kw["norm_first"] != (bug == "norm_flipped")
+    residual = {name: 0.0 if bug == f"no_{name}_residual" else 1.0 for name in ("self", "cross", "feed_forward")}
+    blocks = [("self", self_block), ("cross", cross_block), ("feed_forward", feed_forward)]
+    if bug == "cross_before_self":
+        blocks[0], blocks[1] = blocks[1], blocks[0]
+    with torch.no_grad():
+        for i, (name, block) in enumerate(blocks, start=1):
+            if norm_first and not (bug == "mixed_norms" and name == "cross"):
+                x = residual[name] * x + block(norm(i, x))
+            else:
+                x = norm(i, residual[name] * x + block(x))
+    return x
+
+
+_DECODER_MISTAKES = {
+    "no_causal_mask": "every target position sees the later ones: the self-attention needs is_causal=True (trained "
+    "like this, the model copies the next token and is garbage at decoding time)",
+    "no_memory_mask": "the source padding is attended: pass memory_mask to the cross-attention",
+    "causal_cross": "the cross-attention is causal: only the self-attention is; every target position may read the "
+    "whole source",
+    "query_from_memory": "in cross-attention the queries come from the decoder (x); keys and values come from memory",
+    "norm_flipped": "post-norm and pre-norm are swapped: norm_first=False is LN(x + sublayer(x)) (the paper), "
+    "norm_first=True is x + sublayer(LN(x))",
+    "mixed_norms": "post-norm and pre-norm are mixed: with norm_first=True every sub-layer is x + sublayer(LN(x)); "
+    "your cross-attention block is post-norm",
+    "no_self_residual": "the residual connection around the self-attention is missing",
+    "no_cross_residual": "the residual connection around the cross-attention is missing",
+    "no_feed_forward_residual": "the residual connection around the feed-forward network is missing",
+    "cross_before_self": "the sub-layers are in the wrong order: causal self-attention, then cross-attention, then "
+    "the feed-forward network (with norm1, norm2, norm3 in that order)",
+}
+
+
+def _expect_decoder(inputs: dict, out: Any, x: Tensor, memory: Tensor, mask: Tensor | None, what: str) -> None:
+    expected = _torch_decoder(inputs, x, memory, mask)
+    if not _same(out, expected, 1e-4):
+        for bug, message in _DECODER_MISTAKES.items():
+            if bug == "query_from_memory" and x.shape[1] != memory.shape[1]:
+                continue
+            if _same(out, _decoder_by_hand(inputs, x, memory, mask, bug), 1e-4):
+                fail(message)
+    expect_close(out, expected, what, atol=1e-4)
+
+
+def _judge_decoder(inputs: dict, outputs: dict) -> None:
+    x, memory, mask = inputs["args"]
+    error = outputs.get("error")
+    if error is not None:
+        if x.shape[1] != memory.shape[1]:
+            fail(f"your layer raised {error['type']} ({error['message'][:120]}) with a target of {x.shape[1]} "
+                 f"positions and a source of {memory.shape[1]}: in cross-attention the queries come from x (the "
+                 "decoder) and the keys/values from memory, so the output has the target's length")
+        fail(f"your layer raised {error['type']}: {error['message']}")
+    _expect_decoder(inputs, outputs["out"], x, memory, mask,
+                    "your decoder layer differs from nn.TransformerDecoderLayer with the same weights")
+
+
+def _future_inputs(gen: torch.Generator) -> dict:
+    inputs = _decoder_inputs(gen)
+    x, memory, mask = inputs["args"]
+    t = _int(gen, 1, x.shape[1] - 1)
+    changed = x.clone()
+    changed[:, t:] = torch.randn(changed[:, t:].shape, generator=gen)
+    inputs["calls"] = [(x, memory, mask), (changed, memory, mask)]
+    inputs["t"] = t
+    return inputs
+
+
+def _judge_future(inputs: dict, outputs: dict) -> None:
+    t = inputs["t"]
+    base, changed = outputs["outs"]
+    if not (isinstance(base, Tensor) and isinstance(changed, Tensor) and base.shape == changed.shape):
+        fail("forward must return a tensor of shape (batch, seq_q, d_model)")
+    if not torch.allclose(base[:, :t], changed[:, :t], atol=1e-5):
+        fail(f"changing the target from position {t} on changed the outputs at positions 0…{t - 1}: the decoder "
+             "sees the future. The self-attention needs is_causal=True")
+    x, memory, mask = inputs["calls"][0]
+    _expect_decoder(inputs, base, x, memory, mask, "your decoder layer differs from nn.TransformerDecoderLayer")
+
+
+def _padding_inputs(gen: torch.Generator, **kwargs: Any) -> dict:
+    inputs = _decoder_inputs(gen, **kwargs)
+    x, memory, mask = inputs["args"]
+    extra = _int(gen, 1, 4)
+    more_memory = torch.cat([memory, torch.randn(memory.shape[0], extra, memory.shape[2], generator=gen)], dim=1)
+    more_mask = torch.cat([mask, torch.zeros(*mask.shape[:-1], extra, dtype=torch.bool)], dim=-1)
+    inputs["calls"] = [(x, memory, mask), (x, more_memory, more_mask)]
+    return inputs
+
+
+def _judge_padding(inputs: dict, outputs: dict) -> None:
+    base, padded = outputs["outs"]
+    if not (isinstance(base, Tensor) and isinstance(padded, Tensor) and base.shape == padded.shape):
+        fail("forward must return a tensor of shape (batch, seq_q, d_model), whatever the source length")
+    if not torch.allclose(base, padded, atol=1e-5):
+        fail("adding padded positions to the source changed the output: the output must not depend on how much "
+             "padding the batch has. Pass memory_mask to the cross-attention")
+    x, memory, mask = inputs["calls"][0]
+    _expect_decoder(inputs, base, x, memory, mask, "your decoder layer differs from nn.TransformerDecoderLayer")
+
+
+def _steps_inputs(gen: torch.Generator) -> dict:
+    inputs = _decoder_inputs(gen, norm_first=bool(_int(gen, 0, 1)))
+    inputs["layer"] = _int(gen, 1, 5)
+    return inputs
+
+
+def _judge_steps(inputs: dict, outputs: dict) -> None:
+    x, memory, mask = inputs["args"]
+    _expect_decoder(inputs, outputs["full"], x, memory, mask, "your decoder layer differs from "
+                    "nn.TransformerDecoderLayer with the same weights")
+    steps = outputs["steps"]
+    if not all(isinstance(s, Tensor) and tuple(s.shape) == (x.shape[0], 1, x.shape[2]) for s in steps):
+        fail("with a cache, forward on one new position must return (batch, 1, d_model)")
+    if not torch.allclose(torch.cat(steps, dim=1), outputs["full"], atol=1e-5, rtol=1e-4):
+        fail("decoding one position at a time with a cache gives other outputs than the full pass: pass "
+             "cache=cache and layer=layer to both self.self_attn and self.cross_attn (greedy decoding uses it)")
+    if any(seen != inputs["layer"] for seen in outputs["layers_seen"]):
+        fail(f"the cache was handed layer={sorted(set(outputs['layers_seen']))}, but this layer was called with "
+             f"layer={inputs['layer']}: pass layer=layer on, or the layers of a model overwrite each other's cache")
+
+
+# --- noam_lr --------------------------------------------------------------------------------------
+
+
+def _noam(step: int, d_model: int, warmup: int, factor: float) -> float:
+    """The Noam formula written out: factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), step 0 as 1."""
+    step = max(step, 1)
+    return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+_NOAM_MISTAKES = {
+    "the warm-up is step · warmup^-1.5 (it meets step^-0.5 at step = warmup); you used warmup^-0.5":
+        lambda s, d, w, f: f * d**-0.5 * min(max(s, 1) ** -0.5, max(s, 1) * w**-0.5),
+    "take the min of the two terms (warm-up, then decay), not the max":
+        lambda s, d, w, f: f * d**-0.5 * max(max(s, 1) ** -0.5, max(s, 1) * w**-1.5),
+    "the factor d_model^-0.5 is missing":
+        lambda s, d, w, f: f * min(max(s, 1) ** -0.5, max(s, 1) * w**-1.5),
+    "the scale is d_model^-0.5, not d_model^-1":
+        lambda s, d, w, f: f / d * min(max(s, 1) ** -0.5, max(s, 1) * w**-1.5),
+    "the factor argument is ignored: multiply by it":
+        lambda s, d, w, f: d**-0.5 * min(max(s, 1) ** -0.5, max(s, 1) * w**-1.5),
+}
+
+
+def _noam_inputs(gen: torch.Generator, *, paper: bool = False) -> dict:
+    if paper:
+        d_model, warmup, factor = 512, 4000, 1.0
+    else:
+        d_model, warmup, factor = 8 * _int(gen, 4, 64), _int(gen, 20, 2000), [2.0, 0.5, 1.5][_int(gen, 0, 2)]
+    steps = [0, 1, 2, warmup // 2, warmup - 1, warmup, warmup + 1, 2 * warmup, 10 * warmup]
+    return {"calls": [((step, d_model, warmup), {"factor": factor}) for step in steps]}
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, Tensor) and value.numel() == 1 and value.dtype.is_floating_point:
+        return float(value)
+    return None
+
+
+def _judge_noam(inputs: dict, outputs: dict) -> None:
+    for ((step, d_model, warmup), kwargs), result in zip(inputs["calls"], outputs["results"]):
+        factor = kwargs["factor"]
+        call = f"noam_lr({step}, d_model={d_model}, warmup={warmup}, factor={factor})"
+        if result["error"] is not None:
+            if step == 0 and result["error"]["type"] == "ZeroDivisionError":
+                fail(f"{call} divides by zero (0 ** -0.5): take step 0 as 1 — a scheduler asks for the lr of "
+                     "step 0 before the first update")
+            fail(f"{call} raised {result['error']['type']}: {result['error']['message']}")
+        got, expected = _number(result["out"]), _noam(step, d_model, warmup, factor)
+        if got is None:
+            fail(f"{call} must return a number (a Python float); got {type(result['out']).__name__}")
+        if math.isclose(got, expected, rel_tol=1e-6):
+            continue
+        if step == 0 and got == 0:
+            fail(f"{call} = 0: the first update would not move the weights; take step 0 as 1")
+        for message, mistake in _NOAM_MISTAKES.items():
+            if math.isclose(got, mistake(step, d_model, warmup, factor), rel_tol=1e-6):
+                fail(f"{call} = {got:.4g}, expected {expected:.4g}: {message}")
+        fail(f"{call} = {got:.4g}, expected {expected:.4g} = factor · d_model^-0.5 · min(step^-0.5, "
+             "step · warmup^-1.5) (for d_model 512 and warmup 4000 the peak is about 7.0e-4)")
+
+
+def _noam_bad_inputs(gen: torch.Generator) -> dict:
+    return {"calls": [((-_int(gen, 1, 5), 512, 4000), {}), ((10, 0, 4000), {}), ((10, 512, 0), {})]}
+
+
+def _judge_noam_bad(inputs: dict, outputs: dict) -> None:
+    names = ("step", "d_model", "warmup")
+    for ((step, d_model, warmup), _), result, name in zip(inputs["calls"], outputs["results"], names):
+        _expect_value_error(result["error"], (name,), f"noam_lr({step}, d_model={d_model}, warmup={warmup}) has a "
+                            f"{name} that is not allowed")
+
+
+# --- noam_scheduler -------------------------------------------------------------------------------
+
+
+def _scheduler_inputs(gen: torch.Generator, lrs: tuple[float, ...] = (1.0,)) -> dict:
+    d_model, warmup = 8 * _int(gen, 2, 32), _int(gen, 3, 12)
+    return {"lrs": list(lrs), "args": (d_model, warmup), "kwargs": {"factor": [1.0, 2.0][_int(gen, 0, 1)]},
+            "steps": 3 * warmup}
+
+
+def _judge_scheduler(inputs: dict, outputs: dict) -> None:
+    d_model, warmup = inputs["args"]
+    factor = inputs["kwargs"]["factor"]
+    if outputs["error"] is not None:
+        fail(f"noam_scheduler raised {outputs['error']['type']} for an optimizer made with lr=1.0: "
+             f"{outputs['error']['message']}")
+    lrs = outputs["lrs"]
+    for step, got in enumerate(lrs):
+        expected = _noam(step, d_model, warmup, factor)
+        if all(math.isclose(lr, expected, rel_tol=1e-6) for lr in got):
+            continue
+        if all(math.isclose(lr, _noam(step + 1, d_model, warmup, factor), rel_tol=1e-6) for lr in got):
+            fail("the schedule is one step ahead: LambdaLR calls your lambda with the number of scheduler steps "
+                 "taken so far (0 before the first update); pass it to noam_lr unchanged")
+        if step and lrs[0] == got:
+            fail("the learning rate never changes: LambdaLR(optimizer, lambda step: noam_lr(step, …)) sets it "
+                 "at every scheduler step")
+        fail(f"before optimizer step {step} the lr is {got[0]:.4g}; expected noam_lr({step}, {d_model}, {warmup}, "
+             f"factor={factor}) = {expected:.4g}")
+
+
+def _judge_scheduler_refuses(inputs: dict, outputs: dict) -> None:
+    bad = [lr for lr in inputs["lrs"] if lr != 1.0]
+    d_model, warmup = inputs["args"]
+    if outputs["error"] is None:
+        lrs, factor = outputs["lrs"], inputs["kwargs"]["factor"]
+        scaled = all(math.isclose(got, lr * _noam(step, d_model, warmup, factor), rel_tol=1e-6)
+                     for step, row in enumerate(lrs) for got, lr in zip(row, inputs["lrs"]))
+        if scaled:
+            fail(f"with an optimizer made with lr={bad[0]} your schedule is silently {bad[0]}× the Noam rate: "
+                 "LambdaLR multiplies the optimizer's lr by the lambda. Refuse any lr other than 1.0 with a ValueError "
+                 "that names lr")
+    _expect_value_error(outputs["error"], ("lr",), f"the optimizer was made with lr={bad[0]} (the schedule is the "
+                        "whole learning rate, so the optimizer's lr must be 1.0)")
+
+
+def _scheduler_bad_d_model_inputs(gen: torch.Generator) -> dict:
+    return {"lrs": [1.0], "args": (0, _int(gen, 3, 12)), "kwargs": {}, "steps": 2}
+
+
+def _judge_scheduler_bad_d_model(inputs: dict, outputs: dict) -> None:
+    _expect_value_error(outputs["error"], ("d_model",), "d_model=0 is not a model width")
+
+
+# --- label_smoothed_cross_entropy -----------------------------------------------------------------
+
+
+def _ls_inputs(gen: torch.Generator, *, epsilon: float | None = None, ignore: bool = True, scale: float = 2.0,
+               flat: bool = False) -> dict:
+    vocab = _int(gen, 5, 12)
+    shape = (_int(gen, 4, 12),) if flat else (_int(gen, 2, 4), _int(gen, 3, 6))
+    logits = torch.randn(*shape, vocab, generator=gen) * scale
+    target = torch.randint(0, vocab, shape, generator=gen)
+    pad = None
+    if ignore:
+        pad = _int(gen, 0, vocab - 1)
+        target = torch.where(torch.rand(shape, generator=gen) < 0.3, pad, target)
+        target.view(-1)[0] = pad  # at least one ignored position
+        target.view(-1)[-1] = (pad + 1) % vocab  # and at least one kept
+    epsilon = [0.1, 0.2, 0.3][_int(gen, 0, 2)] if epsilon is None else epsilon
+    return {"args": (logits, target), "kwargs": {"epsilon": epsilon, "ignore_index": pad}}
+
+
+def _ls_expected(inputs: dict) -> Tensor:
+    logits, target = inputs["args"]
+    epsilon, pad = inputs["kwargs"]["epsilon"], inputs["kwargs"]["ignore_index"]
+    vocab = logits.shape[-1]
+    return F.cross_entropy(logits.double().reshape(-1, vocab), target.reshape(-1), label_smoothing=epsilon,
+                           ignore_index=-100 if pad is None else pad)
+
+
+def _ls_variant(inputs: dict, bug: str) -> Tensor:
+    """The loss with one known mistake, in float64."""
+    logits, target = inputs["args"]
+    epsilon, pad = inputs["kwargs"]["epsilon"], inputs["kwargs"]["ignore_index"]
+    vocab = logits.shape[-1]
+    log_p = F.log_softmax(logits.double().reshape(-1, vocab), dim=-1)
+    target = target.reshape(-1)
+    keep = torch.ones_like(target, dtype=torch.bool) if pad is None or bug == "no_ignore" else target != pad
+    onehot = F.one_hot(target, vocab).double()
+    if bug == "others_only":
+        q = (1 - epsilon) * onehot + epsilon / (vocab - 1) * (1 - onehot)
+    elif bug == "annotated":
+        q = (1 - epsilon) * onehot + epsilon / (vocab - 2) * (1 - onehot)
+        if pad is not None:
+            q[:, pad] = 0.0
+    elif bug == "twice":
+        q = (1 - epsilon) * ((1 - epsilon) * onehot + epsilon / vocab) + epsilon / vocab
+    elif bug == "no_smoothing":
+        q = onehot
+    else:
+        q = (1 - epsilon) * onehot + epsilon / vocab
+    loss = -(q * log_p).sum(-1)
+    if bug == "kl":
+        loss = loss + (q * q.clamp_min(1e-300).log()).sum(-1)
+    if bug == "all_positions":
+        return loss[keep].sum() / loss.numel()
+    return loss[keep].mean()
+
+
+_LS_MISTAKES = {
+    "no_ignore": "the padding positions count in your loss: leave out every position whose target is ignore_index",
+    "all_positions": "you divided by all positions, padding included: average over the non-ignored positions only",
+    "others_only": "you spread ε/(V−1) over the wrong classes only. This library uses PyTorch's convention "
+    "(label_smoothing=ε): q = (1−ε)·onehot + ε/V on every class, the target included",
+    "annotated": "that is the Annotated Transformer's convention (ε/(V−2), nothing on the padding column). This "
+    "library uses PyTorch's: q = (1−ε)·onehot + ε/V on every class",
+    "twice": "the smoothing is applied twice: build q = (1−ε)·onehot + ε/V once",
+    "no_smoothing": "epsilon is ignored: the target distribution is q = (1−ε)·onehot + ε/V, not the one-hot",
+    "kl": "you computed the KL divergence KL(q‖p) = cross-entropy − H(q): the same gradient, but the value is "
+    "lower by the entropy of q. Return the cross-entropy −Σ q·log p",
+}
+
+
+def _judge_ls(inputs: dict, outputs: dict) -> None:
+    got, expected = outputs["out"], _ls_expected(inputs)
+    if not isinstance(got, Tensor) or got.numel() != 1:
+        fail(f"return the mean loss as a 0-dim tensor; got {type(got).__name__}"
+             + (f" of shape {tuple(got.shape)}" if isinstance(got, Tensor) else ""))
+    if not torch.isfinite(got).all():
+        fail("your loss is not finite for large logits: take log-probabilities with log_softmax (it subtracts the "
+             "max), never log(softmax(x)), which underflows to log(0) = -inf")
+    value = got.double().reshape(())
+    if torch.allclose(value, expected, atol=1e-5, rtol=1e-5):
+        return
+    for bug, message in _LS_MISTAKES.items():
+        if torch.allclose(value, _ls_variant(inputs, bug), atol=1e-5, rtol=1e-5):
+            fail(message)
+    epsilon, pad = inputs["kwargs"]["epsilon"], inputs["kwargs"]["ignore_index"]
+    fail(f"loss {float(value):.5f}, expected {float(expected):.5f} = F.cross_entropy(logits, target, "
+         f"label_smoothing={epsilon}, ignore_index={pad})")
+
+
+def _ls_grad_inputs(gen: torch.Generator) -> dict:
+    inputs = _ls_inputs(gen)
+    inputs["grad_args"] = [0]
+    inputs["cotangent"] = torch.tensor(1.0)
+    return inputs
+
+
+def _judge_ls_grad(inputs: dict, outputs: dict) -> None:
+    logits, target = inputs["args"]
+    epsilon, pad = inputs["kwargs"]["epsilon"], inputs["kwargs"]["ignore_index"]
+    leaf = logits.clone().requires_grad_(True)
+    F.cross_entropy(leaf.reshape(-1, logits.shape[-1]), target.reshape(-1), label_smoothing=epsilon,
+                    ignore_index=pad).backward()
+    grad = outputs["grads"][0]
+    if grad is None:
+        fail("no gradient reaches the logits: compute the loss with differentiable tensor operations")
+    expect_close(grad, leaf.grad, "the gradient with respect to the logits differs from F.cross_entropy's", atol=1e-5)
+
+
+def _ls_bad_inputs(gen: torch.Generator) -> dict:
+    logits = torch.randn(2, 3, 5, generator=gen)
+    target = torch.randint(0, 5, (2, 3), generator=gen)
+    return {"calls": [((logits, target), {"epsilon": 1.5}), ((logits, target[:, :2]), {"epsilon": 0.1})]}
+
+
+def _judge_ls_bad(inputs: dict, outputs: dict) -> None:
+    first, second = outputs["results"]
+    _expect_value_error(first["error"], ("epsilon",), "epsilon=1.5 is not a probability")
+    _expect_value_error(second["error"], ("logits", "target"), "logits (2, 3, 5) do not fit a target of shape (2, 2)")
+
+
+# --- decoding with a lookup model -----------------------------------------------------------------
+
+
+def _lookup(inputs: dict, *, train: bool = False) -> LookupModel:
+    return LookupModel(**inputs["model"]).train(train)
+
+
+def _decode_args(inputs: dict) -> tuple[Tensor, int, int, int]:
+    """(src, max_len, bos_id, eos_id) of a greedy or beam case."""
+    args = inputs["args"]
+    return (args[0], args[1], args[2], args[3]) if len(args) == 4 else (args[0], args[2], args[3], args[4])
+
+
+def _lookup_inputs(gen: torch.Generator, *, default_ids: bool = True, stops: tuple | None = None,
+                   max_len: int = 5, rows: int = 5, history: float = 0.5, train: bool = False) -> dict:
+    """A random LookupModel, and sources that pick its tables. ``stops[i]``: table i ends after exactly that
+    many tokens (None: never ends); without ``stops`` EOS becomes likelier step by step."""
+    vocab = _int(gen, 7, 9)
+    if default_ids:
+        bos, eos, pad = 1, 2, 0
+    else:
+        bos, eos, pad = torch.randperm(vocab, generator=gen)[:3].tolist()
+    n_tables, positions = (len(stops) if stops else 4), max_len + 1
+    first = torch.randn(n_tables, positions, vocab, vocab, generator=gen) * 2.0
+    second = torch.randn(n_tables, positions, vocab + 1, vocab, generator=gen) * history
+    noise = torch.randn(n_tables, positions, vocab, generator=gen) * 6.0
+    if stops:
+        for table, stop in enumerate(stops):
+            first[table, :, :, eos] = NEVER
+            if stop is not None:
+                first[table, stop, :, eos] = 30.0
+    else:
+        first[..., eos] += torch.linspace(-3.0, 3.0, positions)[None, :, None]
+    first[..., bos] = NEVER
+    first[..., pad] = NEVER
+    tables = torch.randint(0, n_tables, (rows,), generator=gen)
+    tables[:n_tables] = torch.randperm(n_tables, generator=gen)[: min(rows, n_tables)]
+    src = torch.cat([tables[:, None], torch.randint(0, vocab, (rows, _int(gen, 2, 5)), generator=gen)], dim=1)
+    return {"model": {"first": first, "second": second, "noise": noise, "pad_id": pad},
+            "args": (src, max_len, bos, eos), "kwargs": {}, "train": train}
+
+
+def _rows_of(out: Any, batch: int) -> list[list[int]]:
+    if isinstance(out, Tensor):
+        fail("return a Python list with one list of token ids per source row (each cut at its EOS), not a tensor")
+    if not isinstance(out, (list, tuple)) or len(out) != batch:
+        fail(f"return one list of token ids per source row: {batch} lists; got {type(out).__name__}"
+             + (f" of length {len(out)}" if isinstance(out, (list, tuple)) else ""))
+    rows = []
+    for row in out:
+        if not isinstance(row, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in row):
+            fail("each row must be a list of int token ids (use .tolist())")
+        rows.append(list(row))
+    return rows
+
+
+def _step_logits(model: LookupModel, src: Tensor, row: int, prefix: list[int]) -> Tensor:
+    """The model's logits for the token after ``prefix`` (BOS included) of source row ``row``."""
+    source = src[row : row + 1]
+    return model.decode(torch.tensor([prefix]), model.encode(source), source)[0, -1]
+
+
+def _greedy_by_hand(model: LookupModel, src: Tensor, max_len: int, bos: int, eos: int) -> list[list[int]]:
+    """One row at a time, the most likely next token until EOS or max_len tokens."""
+    out = []
+    for row in range(src.shape[0]):
+        prefix = [bos]
+        for _ in range(max_len):
+            token = int(_step_logits(model, src, row, prefix).argmax())
+            if token == eos:
+                break
+            prefix.append(token)
+        out.append(prefix[1:])
+    return out
+
+
+def _is_greedy(model: LookupModel, src: Tensor, row: int, tokens: list[int], max_len: int, bos: int, eos: int,
+               tol: float = 1e-4) -> bool:
+    """Whether ``tokens`` is a greedy output (ties within ``tol`` allowed either way)."""
+    if len(tokens) > max_len or eos in tokens:
+        return False
+    prefix = [bos]
+    for token in tokens:
+        logits = _step_logits(model, src, row, prefix)
+        if logits[token] < logits.max() - tol:
+            return False
+        prefix.append(token)
+    if len(tokens) < max_len:
+        logits = _step_logits(model, src, row, prefix)
+        return bool(logits[eos] >= logits.max() - tol)
+    return True
+
+
+def _first_eos_stops_all(rows: list[list[int]], max_len: int) -> list[list[int]]:
+    """What a batch loop that stops when the first row ends returns."""
+    ended = [len(r) + 1 for r in rows if len(r) < max_len]
+    steps = min(ended) if ended else max_len
+    return [r[:steps] for r in rows]
+
+
+def _judge_greedy(inputs: dict, outputs: dict, *, check_feeding: bool = False) -> None:
+    src, max_len, bos, eos = _decode_args(inputs)
+    rows = _rows_of(outputs["out"], src.shape[0])
+    model = _lookup(inputs)
+    expected = _greedy_by_hand(model, src, max_len, bos, eos)
+    if rows != expected and not all(_is_greedy(model, src, r, row, max_len, bos, eos) for r, row in enumerate(rows)):
+        if inputs["train"] and rows == _greedy_by_hand(_lookup(inputs, train=True), src, max_len, bos, eos):
+            fail("you decoded with the model in training mode (dropout on): switch to model.eval() while "
+                 "decoding, and restore the model's mode afterwards")
+        if any(eos in row for row in rows):
+            fail("a row contains EOS: return each row's tokens up to, not including, its first EOS")
+        if any(row[:1] == [bos] for row in rows) and [row[1:] for row in rows] == expected:
+            fail("the output must not start with BOS: return the generated tokens only")
+        if rows == _first_eos_stops_all(expected, max_len):
+            fail("you stopped every row when the first one ended: keep a 'finished' flag per row and stop when "
+                 "all rows have finished (rows of a batch end at different steps)")
+        if any(len(row) > max_len for row in rows):
+            fail(f"a row has more than max_len={max_len} tokens")
+        if bos != 1 and rows == _greedy_by_hand(model, src, max_len, 1, eos):
+            fail(f"start every row with bos_id={bos}, the id the model was trained with, not 1")
+        r = next(i for i, (a, b) in enumerate(zip(rows, expected)) if a != b)
+        fail(f"row {r}: expected {expected[r]}, got {rows[r]} — at each step take the most likely next token "
+             "(argmax of next_token_logits) and stop the row at its EOS or after max_len tokens")
+    if outputs["training_after"] != inputs["train"]:
+        fail("restore the model's mode after decoding: it was in "
+             f"{'training' if inputs['train'] else 'eval'} mode before your call and is not after")
+    if check_feeding:
+        _judge_feeding(inputs, outputs)
+
+
+def _judge_feeding(inputs: dict, outputs: dict) -> None:
+    if outputs["encode_calls"] != 1:
+        fail(f"the source was encoded {outputs['encode_calls']} times: encode it once, before the loop")
+    if inputs["kwargs"].get("use_cache", True) and any(n != 1 for n in outputs["fed"]):
+        fail(f"with use_cache=True feed only the newest token at each step (the decoder was fed {outputs['fed']} "
+             "tokens per call): make the cache with model.new_cache(memory, max_len) and pass it to "
+             "next_token_logits")
+
+
+def _greedy_no_cache_inputs(gen: torch.Generator) -> dict:
+    inputs = _lookup_inputs(gen, default_ids=False)
+    inputs["kwargs"] = {"use_cache": False}
+    return inputs
+
+
+# --- beam search --------------------------------------------------------------------------------
+
+
+def _log_probs(model: LookupModel, src: Tensor, row: int, prefix: list[int]) -> Tensor:
+    return _step_logits(model, src, row, prefix).double().log_softmax(-1)
+
+
+def _normalised(score: float, length: int, alpha: float) -> float:
+    return score / ((5.0 + length) / 6.0) ** alpha
+
+
+def _beam_by_hand(model: LookupModel, src: Tensor, beam: int, max_len: int, bos: int, eos: int, alpha: float,
+                  bug: str | None = None) -> list[list[int]]:
+    """Beam search over Python lists, one source row at a time, optionally with one known mistake.
+
+    A hypothesis is (score, tokens, finished, length). Each step expands every live hypothesis with every
+    token, keeps finished ones as they are, and keeps the ``beam`` best by score; at the end the best by
+    ``score / ((5 + length) / 6) ** alpha``, length = generated tokens including EOS.
+    """
+    out = []
+    for row in range(src.shape[0]):
+        start = (0.0, [bos], False, 0)
+        hyps = [start] * beam if bug == "all_start_zero" else [start]
+        for _ in range(max_len):
+            candidates = []
+            for score, tokens, finished, length in hyps:
+                if finished and bug != "finished_extended":
+                    candidates.append((score, tokens, True, length + (bug == "filler_counted")))
+                    continue
+                log_p = _log_probs(model, src, row, tokens)
+                for token in range(log_p.shape[0]):
+                    if log_p[token] > -1e3:  # never-predicted tokens cannot win
+                        candidates.append((score + float(log_p[token]), tokens + [token],
+                                           finished or token == eos, length + 1))
+            candidates.sort(key=lambda h: -h[0])  # stable: ties keep expansion order
+            hyps = candidates[:beam]
+            if all(h[2] for h in hyps):
+                break
+        best = max(hyps, key=lambda h: _normalised(h[0], h[3], 0.0 if bug == "no_length_penalty" else alpha))
+        tokens = best[1][1:]
+        out.append(tokens[: tokens.index(eos)] if eos in tokens else tokens)
+    return out
+
+
+def _exhaustive_best(model: LookupModel, src: Tensor, max_len: int, bos: int, eos: int,
+                     alpha: float) -> list[list[int]]:
+    """The best hypothesis of each row by normalised score, over every sequence (small vocabularies only)."""
+    words = [t for t in range(model.config.tgt_vocab) if t != eos and float(model.first[:, :, :, t].max()) > NEVER / 2]
+    out = []
+    for row in range(src.shape[0]):
+        best, best_tokens = -math.inf, None
+        for length in range(1, max_len + 1):
+            for body in itertools.product(words, repeat=length - 1):
+                for last in ([eos] + words if length == max_len else [eos]):
+                    tokens = list(body) + [last]
+                    score = _sequence_score(model, src, row, bos, tokens)
+                    value = _normalised(score, length, alpha)
+                    if value > best:
+                        best, best_tokens = value, tokens
+        out.append(best_tokens[:-1] if best_tokens[-1] == eos else best_tokens)
+    return out
+
+
+def _sequence_score(model: LookupModel, src: Tensor, row: int, bos: int, tokens: list[int]) -> float:
+    source = src[row : row + 1]
+    tgt_in = torch.tensor([[bos] + tokens[:-1]])
+    log_p = model.decode(tgt_in, model.encode(source), source)[0].double().log_softmax(-1)
+    return float(log_p[torch.arange(len(tokens)), torch.tensor(tokens)].sum())
+
+
+def _row_value(model: LookupModel, src: Tensor, row: int, tokens: list[int], max_len: int, bos: int, eos: int,
+               alpha: float) -> float:
+    """The normalised score beam search gives the output ``tokens`` of row ``row``."""
+    full = tokens + ([eos] if len(tokens) < max_len else [])
+    if not full:
+        return -math.inf
+    return _normalised(_sequence_score(model, src, row, bos, full), len(full), alpha)
+
+
+_BEAM_MISTAKES = {
+    "all_start_zero": "all beams start with score 0, so the first step fills the beam with copies of one prefix "
+    "and the runner-up is lost: start one beam at 0 and the others at -inf",
+    # Counting loop steps instead of tokens up to EOS gives every hypothesis the same length: the same ranking.
+    "no_length_penalty": "length normalisation has no effect: pick the best finished hypothesis by "
+    "score / ((5 + length) / 6) ** length_penalty, with length = its tokens up to and including EOS (not the "
+    "number of steps, which is the same for every beam)",
+    "finished_extended": "finished hypotheses keep being extended (and their scores keep changing): a finished beam "
+    "has exactly one continuation, the filler token, at no cost",
+}
+
+
+def _judge_beam(inputs: dict, outputs: dict, *, exhaustive: bool = False, check_feeding: bool = False) -> None:
+    src, max_len, bos, eos = _decode_args(inputs)
+    beam, alpha = inputs["args"][1], inputs["kwargs"].get("length_penalty", 0.6)
+    rows = _rows_of(outputs["out"], src.shape[0])
+    model = _lookup(inputs)
+    if exhaustive:
+        expected = _exhaustive_best(model, src, max_len, bos, eos, alpha)
+    else:
+        expected = _beam_by_hand(model, src, beam, max_len, bos, eos, alpha)
+    wrong = [r for r, (got, want) in enumerate(zip(rows, expected)) if got != want and not math.isclose(
+        _row_value(model, src, r, got, max_len, bos, eos, alpha) if eos not in got and len(got) <= max_len else -1e9,
+        _row_value(model, src, r, want, max_len, bos, eos, alpha), abs_tol=1e-4)]
+    if wrong:
+        if inputs["train"]:
+            trained = _lookup(inputs, train=True)
+            if rows == _beam_by_hand(trained, src, beam, max_len, bos, eos, alpha):
+                fail("you decoded with the model in training mode (dropout on): switch to model.eval() while "
+                     "decoding, and restore the model's mode afterwards")
+        if any(eos in row for row in rows):
+            fail("a row contains EOS: return each row's tokens up to, not including, its first EOS")
+        matching = [message for bug, message in _BEAM_MISTAKES.items()
+                    if rows == _beam_by_hand(model, src, beam, max_len, bos, eos, alpha, bug)]
+        if matching:  # on a small model two mistakes can give the same output: name them all
+            fail(matching[0] if len(matching) == 1 else "your output is what either of these mistakes gives: "
+                 + "; or ".join(matching))
+        if beam > 1 and rows == _greedy_by_hand(model, src, max_len, bos, eos):
+            fail(f"your beam search returns the greedy answer: keep the {beam} best prefixes at each step "
+                 "(top-k over every beam × token), not only the best one")
+        r = wrong[0]
+        fail(f"row {r}: expected {expected[r]} (normalised score "
+             f"{_row_value(model, src, r, expected[r], max_len, bos, eos, alpha):.3f}), got {rows[r]} — each new "
+             "beam must continue its parent's tokens and cache (tokens[rows], cache.reorder(rows)), and a finished "
+             "beam stays as it is")
+    if outputs["training_after"] != inputs["train"]:
+        fail("restore the model's mode after decoding: it was in "
+             f"{'training' if inputs['train'] else 'eval'} mode before your call and is not after")
+    if check_feeding:
+        _judge_feeding(inputs, outputs)
+
+
+def _beam_inputs(gen: torch.Generator, *, beam: int = 3, alpha: float = 0.6, **kwargs: Any) -> dict:
+    inputs = _lookup_inputs(gen, rows=3, history=1.5, **kwargs)
+    src, max_len, bos, eos = inputs["args"]
+    inputs["args"] = (src, beam, max_len, bos, eos)
+    inputs["kwargs"] = {"length_penalty": alpha, **inputs["kwargs"]}
+    return inputs
+
+
+def _trap_inputs(gen: torch.Generator) -> dict:
+    """Three hand-built tables. Table 0: greedy's first choice (p 0.5) leads nowhere likely; the runner-up (p 0.4)
+    ends with p 0.9, so beam search with 2 beams finds the more probable translation greedy misses. Table 1:
+    the best total log-probability is a short answer, the best length-normalised score a longer one. Table 2:
+    the best answer finishes first and must stay as it is while the other beam goes on."""
+    vocab, max_len = 8, 5
+    bos, eos, pad = 1, 2, 0
+    a, b, c, d = (torch.randperm(vocab - 3, generator=gen)[:4] + 3).tolist()
+    first = torch.full((3, max_len + 1, vocab, vocab), -8.0)
+    first[..., bos] = NEVER
+    first[..., pad] = NEVER
+
+    def distribution(table: int, step: int | slice, after: int | slice, probs: dict[int, float]) -> None:
+        for token, p in probs.items():
+            first[table, step, after, token] = math.log(p)
+
+    distribution(0, 0, slice(None), {a: 0.5, b: 0.4, c: 0.1})
+    distribution(0, 1, a, {c: 0.3, eos: 0.25, b: 0.25, d: 0.2})
+    distribution(0, 1, b, {eos: 0.9, c: 0.1})
+    distribution(0, 1, c, {eos: 0.9, d: 0.1})
+    distribution(0, slice(2, None), slice(None), {eos: 0.9, d: 0.1})
+    distribution(1, 0, slice(None), {b: 0.6, a: 0.4})
+    distribution(1, 1, a, {eos: 0.9, c: 0.1})
+    distribution(1, 1, b, {c: 0.8, eos: 0.1, a: 0.1})
+    distribution(1, 2, c, {d: 0.74, eos: 0.2, a: 0.06})
+    distribution(1, slice(3, None), slice(None), {eos: 0.9, a: 0.1})
+    distribution(2, 0, slice(None), {a: 0.85, b: 0.15})
+    distribution(2, 1, a, {eos: 0.9, c: 0.1})
+    distribution(2, 1, b, {c: 0.99})
+    distribution(2, 2, c, {d: 0.99})
+    distribution(2, slice(3, None), slice(None), {eos: 0.9, a: 0.1})
+    first[:, :, eos, :] = -8.0  # after EOS anything goes: a finished hypothesis must not be extended
+    first[:, :, eos, bos] = NEVER
+    first[:, :, eos, pad] = NEVER
+    order = torch.randperm(3, generator=gen)
+    src = torch.cat([order[:, None], torch.randint(3, vocab, (3, 3), generator=gen)], dim=1)
+    return {"model": {"first": first, "second": torch.zeros(3, max_len + 1, vocab + 1, vocab),
+                      "noise": torch.randn(3, max_len + 1, vocab, generator=gen) * 6.0, "pad_id": pad},
+            "args": (src, 2, max_len, bos, eos), "kwargs": {"length_penalty": 1.0}, "train": False}
+
+
+def _beam_exhaustive_inputs(gen: torch.Generator) -> dict:
+    alpha = [0.0, 0.6, 1.0][_int(gen, 0, 2)]
+    inputs = _lookup_inputs(gen, max_len=3, rows=3, history=1.0)
+    src, max_len, bos, eos = inputs["args"]
+    words = inputs["model"]["first"].shape[-1] - 2  # BOS and padding are never predicted
+    inputs["args"] = (src, words**max_len, max_len, bos, eos)  # a beam as large as the search space: exact
+    inputs["kwargs"] = {"length_penalty": alpha}
+    return inputs
+
+
+def _beam_one_inputs(gen: torch.Generator) -> dict:
+    inputs = _lookup_inputs(gen, rows=4, history=1.0)
+    src, max_len, bos, eos = inputs["args"]
+    inputs["args"] = (src, 1, max_len, bos, eos)
+    return inputs
+
+
+def _judge_beam_one(inputs: dict, outputs: dict) -> None:
+    src, max_len, bos, eos = _decode_args(inputs)
+    rows = _rows_of(outputs["out"], src.shape[0])
+    model = _lookup(inputs)
+    if not all(_is_greedy(model, src, r, row, max_len, bos, eos) for r, row in enumerate(rows)):
+        fail(f"with beam_size=1 beam search must equal greedy decoding: expected "
+             f"{_greedy_by_hand(model, src, max_len, bos, eos)}, got {rows}")
+
+
+CHECKS: dict[str, Check] = {
+    "teacher_forcing": Check(
+        name="teacher_forcing",
+        visible=(
+            Case("labels are the decoder input shifted left by one (padded rows of different lengths)",
+                 lambda g: _tf_inputs(g, default_ids=False), "call", _judge_tf),
+        ),
+        hidden=(
+            Case("the data set's ids (bos 1, eos 2, pad 0)", _tf_inputs, "call", _judge_tf),
+            Case("a row without tokens", lambda g: _tf_inputs(g, default_ids=False, empty_row=True), "call", _judge_tf),
+            Case("no padding at all", lambda g: _tf_inputs(g, no_padding=True), "call", _judge_tf),
+            Case("a left-padded target is refused", _tf_left_padded_inputs, "call_or_error",
+                 lambda i, o: _expect_value_error(o["error"], ("tgt",), "a row has real tokens after a pad_id "
+                                                  "(tgt must be right-padded)")),
+            Case("bos_id, eos_id and pad_id must differ", _tf_same_ids_inputs, "call_or_error",
+                 lambda i, o: _expect_value_error(o["error"], ("bos_id", "eos_id"), "bos_id and eos_id are the same")),
+        ),
+    ),
+    "DecoderLayer": Check(
+        name="DecoderLayer",
+        visible=(
+            Case("post-norm layer equals nn.TransformerDecoderLayer (source and target of different lengths, padded)",
+                 _decoder_inputs, "module_forward_or_error", _judge_decoder),
+            Case("a target position never sees later positions", _future_inputs, "module_forward_each", _judge_future),
+            Case("more source padding does not change the output (pre-norm)",
+                 lambda g: _padding_inputs(g, norm_first=True), "module_forward_each", _judge_padding),
+            Case("one position at a time with a cache gives the outputs of the full pass", _steps_inputs,
+                 "decoder_layer_steps", _judge_steps),
+        ),
+        hidden=(
+            Case("pre-norm layer equals nn.TransformerDecoderLayer(norm_first=True)",
+                 lambda g: _decoder_inputs(g, norm_first=True), "module_forward_or_error", _judge_decoder),
+            Case("GELU feed-forward", lambda g: _decoder_inputs(g, activation="gelu", norm_first=True),
+                 "module_forward_or_error", _judge_decoder),
+            Case("source shorter than the target", lambda g: _decoder_inputs(g, seq_q=6, seq_k=3),
+                 "module_forward_or_error", _judge_decoder),
+            Case("source and target of the same length", lambda g: _decoder_inputs(g, seq_q=5, seq_k=5),
+                 "module_forward_or_error", _judge_decoder),
+            Case("one target position, no padding mask", lambda g: _decoder_inputs(g, seq_q=1, padding=False),
+                 "module_forward_or_error", _judge_decoder),
+            Case("post-norm: more source padding does not change the output", _padding_inputs,
+                 "module_forward_each", _judge_padding),
+        ),
+        # nn.MultiheadAttention's and nn.TransformerDecoderLayer's own forward passes.
+        forbidden=("multi_head_attention_forward", "_native_multi_head_attention"),
+    ),
+    "noam_lr": Check(
+        name="noam_lr",
+        visible=(
+            Case("warm-up then decay, d_model 512 and warmup 4000 (peak ≈ 7.0e-4)",
+                 lambda g: _noam_inputs(g, paper=True), "call_each", _judge_noam),
+            Case("other sizes and factors, step 0 included", _noam_inputs, "call_each", _judge_noam),
+        ),
+        hidden=(
+            Case("more sizes and factors", _noam_inputs, "call_each", _judge_noam),
+            Case("a negative step, d_model 0 or warmup 0 are refused", _noam_bad_inputs, "call_each",
+                 _judge_noam_bad),
+        ),
+    ),
+    "noam_scheduler": Check(
+        name="noam_scheduler",
+        visible=(
+            Case("the optimizer's lr follows noam_lr, step after step", _scheduler_inputs, "scheduler_lrs",
+                 _judge_scheduler),
+            Case("an optimizer made with lr=1e-3 is refused", lambda g: _scheduler_inputs(g, lrs=(1e-3,)),
+                 "scheduler_lrs", _judge_scheduler_refuses),
+        ),
+        hidden=(
+            Case("two parameter groups", lambda g: _scheduler_inputs(g, lrs=(1.0, 1.0)), "scheduler_lrs",
+                 _judge_scheduler),
+            Case("one of two groups with lr=0.5 is refused", lambda g: _scheduler_inputs(g, lrs=(1.0, 0.5)),
+                 "scheduler_lrs", _judge_scheduler_refuses),
+            Case("d_model 0 is refused", _scheduler_bad_d_model_inputs, "scheduler_lrs", _judge_scheduler_bad_d_model),
+        ),
+    ),
+    "label_smoothed_cross_entropy": Check(
+        name="label_smoothed_cross_entropy",
+        visible=(
+            Case("equals F.cross_entropy(label_smoothing=ε, ignore_index=pad) on a padded batch", _ls_inputs, "call",
+                 _judge_ls),
+            Case("large logits give a finite loss", lambda g: _ls_inputs(g, scale=60.0), "call", _judge_ls),
+        ),
+        hidden=(
+            Case("no ignore_index", lambda g: _ls_inputs(g, ignore=False), "call", _judge_ls),
+            Case("epsilon 0 is the plain cross-entropy", lambda g: _ls_inputs(g, epsilon=0.0), "call", _judge_ls),
+            Case("epsilon 1 is the uniform target", lambda g: _ls_inputs(g, epsilon=1.0), "call", _judge_ls),
+            Case("(N, vocab) logits", lambda g: _ls_inputs(g, flat=True), "call", _judge_ls),
+            Case("gradient equals F.cross_entropy's", _ls_grad_inputs, "call_with_grad", _judge_ls_grad),
+            Case("bad epsilon or shapes are refused", _ls_bad_inputs, "call_each", _judge_ls_bad),
+        ),
+        # PyTorch's own cross-entropy (label_smoothing=...) and the NLL loss under it.
+        forbidden=("cross_entropy*", "nll_loss*"),
+    ),
+    "greedy_decode": Check(
+        name="greedy_decode",
+        visible=(
+            Case("each row stops at its own EOS (rows of 1, 2, 3 and max_len tokens in one batch)",
+                 lambda g: _lookup_inputs(g, default_ids=False, stops=(1, None, 3, 2)), "decode_lookup",
+                 _judge_greedy),
+            Case("a model handed over in training mode decodes in eval mode and gets its mode back",
+                 lambda g: _lookup_inputs(g, train=True), "decode_lookup", _judge_greedy),
+        ),
+        hidden=(
+            Case("the data set's ids (bos 1, eos 2, pad 0)", _lookup_inputs, "decode_lookup", _judge_greedy),
+            Case("use_cache=False gives the same tokens", _greedy_no_cache_inputs, "decode_lookup", _judge_greedy),
+            Case("encodes once; with the cache each step feeds one token",
+                 lambda g: _lookup_inputs(g, default_ids=False, stops=(None, 2)), "decode_lookup",
+                 lambda i, o: _judge_greedy(i, o, check_feeding=True)),
+            Case("max_len 1", lambda g: _lookup_inputs(g, max_len=1), "decode_lookup", _judge_greedy),
+        ),
+    ),
+    "beam_search": Check(
+        name="beam_search",
+        visible=(
+            Case("2 beams find the more probable translation that greedy misses, length normalisation picks the "
+                 "longer one when it should, a finished beam stays as it is", _trap_inputs, "decode_lookup",
+                 _judge_beam),
+            Case("each beam continues its parent's tokens and cache (3 beams, a model with two tokens of history)",
+                 _beam_inputs, "decode_lookup", _judge_beam),
+        ),
+        hidden=(
+            Case("beam_size=1 equals greedy", _beam_one_inputs, "decode_lookup", _judge_beam_one),
+            Case("a beam as large as the search space finds the best hypothesis", _beam_exhaustive_inputs,
+                 "decode_lookup", lambda i, o: _judge_beam(i, o, exhaustive=True)),
+            Case("other ids, 4 beams, no length normalisation",
+                 lambda g: _beam_inputs(g, beam=4, alpha=0.0, default_ids=False), "decode_lookup", _judge_beam),
+            Case("training mode handed over", lambda g: _beam_inputs(g, train=True), "decode_lookup", _judge_beam),
+            Case("encodes once; with the cache each step feeds one token per beam",
+                 lambda g: _beam_inputs(g, alpha=1.0, default_ids=False), "decode_lookup",
+                 lambda i, o: _judge_beam(i, o, check_feeding=True)),
+        ),
+    ),
+}
+
+
+def run(name: str, obj: Any, *, level: str = "visible", seed: int = 0) -> None:
+    """Check the learner's ``obj`` for exercise ``name``; raises CheckFailed with a hint when wrong."""
+    core.run(__name__, name, obj, level=level, seed=seed)
+
+
+__all__ = ["CHECKS", "run", "CheckFailed"]
