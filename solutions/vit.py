@@ -3,17 +3,24 @@
 An image becomes a sequence: cut it into non-overlapping p×p patches (row-major
 order), flatten each patch to p·p·channels numbers, project each to d_model
 with one shared linear map — the same thing as a convolution with
-kernel = stride = p — prepend a learned [CLS] token, add learned position
+kernel = stride = p — prepend a learned [CLS] token, add learned 1-D position
 embeddings, run a pre-norm Transformer encoder and classify from the [CLS]
 output. With the ViT-B/16 sizes this module has exactly the parameters of
 ``torchvision.models.vit_b_16`` and ``from_torchvision`` copies them over.
+
+The position embeddings are a table with one row per patch of the training
+image size (ViT's ``max_len``): another image size needs them interpolated on
+the 2-D grid of patches, which ``interpolate_position_embeddings`` does the way
+torchvision does (bicubic, corners aligned).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange, repeat
 from einops.layers.torch import Rearrange
 from jaxtyping import Float
@@ -44,6 +51,74 @@ def patchify(
     return rearrange(
         images, "batch channels (h p1) (w p2) -> batch (h w) (p1 p2 channels)", p1=patch_size, p2=patch_size
     )
+
+
+def patch_embedding_from_conv(conv: nn.Conv2d) -> nn.Linear:
+    """A Linear on :func:`patchify`'s ``(p1 p2 channels)`` patches computing what the patch convolution ``conv`` does."""
+    if not isinstance(conv, nn.Conv2d):
+        raise ValueError(f"conv must be an nn.Conv2d; got {type(conv).__name__}")
+    p1, p2 = conv.kernel_size
+    if p1 != p2 or conv.stride != conv.kernel_size or conv.padding not in ((0, 0), "valid") \
+            or conv.dilation != (1, 1) or conv.groups != 1:
+        raise ValueError(
+            "conv must be a patch embedding, Conv2d(kernel_size=stride=patch, padding=0) with a square kernel, "
+            f"no dilation or groups; got kernel_size={conv.kernel_size}, stride={conv.stride}, "
+            f"padding={conv.padding}, dilation={conv.dilation}, groups={conv.groups}"
+        )
+    weight = conv.weight
+    linear = nn.Linear(conv.in_channels * p1 * p2, conv.out_channels, bias=conv.bias is not None,
+                       device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        # Conv2d weight (d_model, channels, p1, p2) → one row per output feature, in patchify's order.
+        linear.weight.copy_(rearrange(weight, "d_model channels p1 p2 -> d_model (p1 p2 channels)"))
+        if conv.bias is not None:
+            linear.bias.copy_(conv.bias)
+    return linear
+
+
+def add_cls_and_positions(
+    tokens: Float[Tensor, "batch patch d_model"],
+    cls_token: Float[Tensor, "1 1 d_model"],
+    position_embedding: Float[Tensor, "1 seq d_model"],
+) -> Float[Tensor, "batch seq d_model"]:
+    """Prepend ``cls_token`` to every sequence of the batch, then add one position vector per token ([CLS]'s first)."""
+    if tokens.dim() != 3:
+        raise ValueError(f"tokens must be (batch, n_patches, d_model); got shape {tuple(tokens.shape)}")
+    batch, n_patches, d_model = tokens.shape
+    if tuple(cls_token.shape) != (1, 1, d_model):
+        raise ValueError(f"cls_token must be (1, 1, d_model={d_model}); got shape {tuple(cls_token.shape)}")
+    if tuple(position_embedding.shape) != (1, n_patches + 1, d_model):
+        raise ValueError(
+            f"position_embedding must be (1, 1 + n_patches, d_model) = (1, {n_patches + 1}, {d_model}); got shape "
+            f"{tuple(position_embedding.shape)}. At another image size, interpolate the position embeddings "
+            "to the new grid first (interpolate_position_embeddings)"
+        )
+    cls = repeat(cls_token, "1 1 d_model -> batch 1 d_model", batch=batch)
+    return torch.cat([cls, tokens], dim=1) + position_embedding
+
+
+def interpolate_position_embeddings(
+    position_embedding: Float[Tensor, "1 seq d_model"], grid_size: int
+) -> Float[Tensor, "1 new_seq d_model"]:
+    """Resize the patch positions to a ``grid_size``×``grid_size`` grid (bicubic, corners aligned); [CLS]'s is kept."""
+    if position_embedding.dim() != 3 or position_embedding.shape[0] != 1:
+        raise ValueError(
+            f"position_embedding must be (1, 1 + n_patches, d_model); got shape {tuple(position_embedding.shape)}"
+        )
+    if not isinstance(grid_size, int) or grid_size < 1:
+        raise ValueError(f"grid_size must be a positive integer (patches along one side); got {grid_size!r}")
+    n_patches = position_embedding.shape[1] - 1
+    side = math.isqrt(max(n_patches, 0))
+    if n_patches < 1 or side * side != n_patches:
+        raise ValueError(
+            f"position_embedding must hold [CLS] then a square grid of patch positions; got {n_patches} patch "
+            "positions, which is not a square number"
+        )
+    cls, patches = position_embedding[:, :1], position_embedding[:, 1:]
+    # The 1-D table is a row-major grid: put d_model first so that each feature is one 2-D image to resize.
+    grid = rearrange(patches, "1 (h w) d_model -> 1 d_model h w", h=side)
+    resized = F.interpolate(grid, size=(grid_size, grid_size), mode="bicubic", align_corners=True)
+    return torch.cat([cls, rearrange(resized, "1 d_model h w -> 1 (h w) d_model")], dim=1)
 
 
 @dataclass(frozen=True)
@@ -91,6 +166,41 @@ class ViTConfig:
         return self.patch_size**2 * self.in_channels
 
 
+def vit_parameter_count(
+    image_size: int,
+    patch_size: int,
+    in_channels: int,
+    n_classes: int,
+    d_model: int,
+    n_layers: int,
+    n_heads: int,
+    d_mlp: int,
+) -> int:
+    """Parameters of ``VisionTransformer(image_size, patch_size, ...)``, by formula (no model is built)."""
+    config = ViTConfig(image_size, patch_size, in_channels, n_classes, d_model, n_layers, n_heads, d_mlp)
+    patch_embedding = config.patch_dim * d_model + d_model
+    cls_and_positions = d_model + (config.n_patches + 1) * d_model  # one position per patch and one for [CLS]
+    attention = 4 * d_model * d_model + 4 * d_model  # W_Q, W_K, W_V, W_O and their biases
+    mlp = 2 * d_model * d_mlp + d_mlp + d_model
+    norms = 2 * 2 * d_model  # two LayerNorms per block, each a scale and a shift
+    head = 2 * d_model + d_model * n_classes + n_classes  # the final LayerNorm, then the classifier
+    return patch_embedding + cls_and_positions + n_layers * (attention + mlp + norms) + head
+
+
+class MLP(nn.Module):
+    """The block's feed-forward, as torchvision's MLPBlock: ``down(gelu(up(x)))`` with dropout after each layer."""
+
+    def __init__(self, d_model: int, d_mlp: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.up = nn.Linear(d_model, d_mlp)
+        self.act = nn.GELU()
+        self.down = nn.Linear(d_mlp, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Float[Tensor, "batch seq d_model"]) -> Float[Tensor, "batch seq d_model"]:
+        return self.dropout(self.down(self.dropout(self.act(self.up(x)))))
+
+
 class EncoderBlock(nn.Module):
     """Pre-norm block: x + MHA(LN(x)), then x + MLP(LN(x)), as in ViT and torchvision."""
 
@@ -100,9 +210,7 @@ class EncoderBlock(nn.Module):
         self.attention = MultiHeadAttention(d_model, n_heads)
         self.dropout = nn.Dropout(dropout)
         self.norm_mlp = nn.LayerNorm(d_model, eps=1e-6)
-        self.mlp = nn.Sequential(
-            nn.Linear(d_model, d_mlp), nn.GELU(), nn.Dropout(dropout), nn.Linear(d_mlp, d_model), nn.Dropout(dropout)
-        )
+        self.mlp = MLP(d_model, d_mlp, dropout)
 
     def forward(self, x: Float[Tensor, "batch seq d_model"]) -> Float[Tensor, "batch seq d_model"]:
         x = x + self.dropout(self.attention(self.norm_attention(x)))
@@ -133,6 +241,7 @@ class VisionTransformer(nn.Module):
         )
         self.patch_embedding = nn.Linear(config.patch_dim, d_model)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d_model))
+        # Small, as in ViT and torchvision: std 1 would drown the patch embeddings at the start of training.
         self.position_embedding = nn.Parameter(torch.empty(1, config.n_patches + 1, d_model).normal_(std=0.02))
         self.dropout = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(EncoderBlock(d_model, n_heads, d_mlp, dropout) for _ in range(n_layers))
@@ -145,21 +254,21 @@ class VisionTransformer(nn.Module):
         if images.dim() != 4 or tuple(images.shape[1:]) != expected:
             raise ValueError(
                 f"images must be (batch, {c.in_channels}, {c.image_size}, {c.image_size}); "
-                f"got shape {tuple(images.shape)}"
+                f"got shape {tuple(images.shape)}; for another image size use model.for_image_size(size)"
             )
 
     def embed(self, images: Float[Tensor, "batch channels height width"]) -> Float[Tensor, "batch seq d_model"]:
         """Patch embeddings with [CLS] prepended and positions added: the encoder's input."""
         self._check_images(images)
-        patches = self.patch_embedding(self.patchify(images))
-        cls = repeat(self.cls_token, "1 1 d_model -> batch 1 d_model", batch=images.shape[0])
-        return self.dropout(torch.cat([cls, patches], dim=1) + self.position_embedding)
+        tokens = self.patch_embedding(self.patchify(images))
+        return self.dropout(add_cls_and_positions(tokens, self.cls_token, self.position_embedding))
 
     def forward(self, images: Float[Tensor, "batch channels height width"]) -> Float[Tensor, "batch n_classes"]:
+        """Class logits, read from the [CLS] token's output after the encoder and the final norm."""
         x = self.embed(images)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x)[:, 0])
+        return self.head(self.norm(x)[:, 0])  # classify from the [CLS] token's output
 
     @torch.no_grad()
     def attention_maps(
@@ -175,6 +284,19 @@ class VisionTransformer(nn.Module):
         return rearrange(
             torch.stack(maps, dim=1), "batch layers heads (h w) -> batch layers heads h w", h=self.config.grid_size
         )
+
+    def for_image_size(self, image_size: int) -> "VisionTransformer":
+        """A copy for ``image_size`` images: the same weights, the position embeddings interpolated to the new grid."""
+        c = self.config
+        other = VisionTransformer(image_size, c.patch_size, c.in_channels, c.n_classes, c.d_model, c.n_layers,
+                                  c.n_heads, c.d_mlp, c.dropout)
+        other = other.to(device=self.position_embedding.device, dtype=self.position_embedding.dtype)
+        state = self.state_dict()
+        state["position_embedding"] = interpolate_position_embeddings(
+            self.position_embedding.detach(), other.config.grid_size
+        )
+        other.load_state_dict(state)
+        return other.train(self.training)
 
     @classmethod
     def from_torchvision(cls, model: nn.Module) -> "VisionTransformer":
@@ -200,20 +322,16 @@ class VisionTransformer(nn.Module):
             d_mlp=model.mlp_dim,
             dropout=model.dropout,
         ).to(device=conv.weight.device, dtype=conv.weight.dtype)
+        # Our submodule -> torchvision's, in every block (their MLPBlock is a Sequential: Linear at 0 and 3).
+        block_names = {"norm_attention": "ln_1", "norm_mlp": "ln_2", "mlp.up": "mlp.0", "mlp.down": "mlp.3"}
         with torch.no_grad():
-            # Conv2d weight (d_model, channels, p1, p2) → Linear weight over the (p1 p2 channels) flattening.
-            ours.patch_embedding.weight.copy_(
-                rearrange(conv.weight, "d_model channels p1 p2 -> d_model (p1 p2 channels)")
-            )
-            ours.patch_embedding.bias.copy_(conv.bias)
+            ours.patch_embedding.load_state_dict(patch_embedding_from_conv(conv).state_dict())
             ours.cls_token.copy_(model.class_token)
             ours.position_embedding.copy_(model.encoder.pos_embedding)
             for block, theirs in zip(ours.blocks, layers):
-                block.norm_attention.load_state_dict(theirs.ln_1.state_dict())
+                for name, their_name in block_names.items():
+                    block.get_submodule(name).load_state_dict(theirs.get_submodule(their_name).state_dict())
                 block.attention.load_state_dict(MultiHeadAttention.from_torch(theirs.self_attention).state_dict())
-                block.norm_mlp.load_state_dict(theirs.ln_2.state_dict())
-                block.mlp[0].load_state_dict(theirs.mlp[0].state_dict())
-                block.mlp[3].load_state_dict(theirs.mlp[3].state_dict())
             ours.norm.load_state_dict(model.encoder.ln.state_dict())
             ours.head.load_state_dict(model.heads.head.state_dict())
         return ours

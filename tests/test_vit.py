@@ -1,6 +1,8 @@
-"""solutions.vit against a manual loop, nn.Conv2d and torchvision's VisionTransformer."""
+"""solutions.vit against a manual loop, nn.Conv2d and torchvision (VisionTransformer, interpolate_embeddings)."""
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -8,8 +10,17 @@ import torchvision
 from einops import rearrange
 from torch import nn
 from torchvision.models.vision_transformer import VisionTransformer as TorchvisionViT
+from torchvision.models.vision_transformer import interpolate_embeddings
 
-from solutions.vit import VisionTransformer, ViTConfig, patchify
+from solutions.vit import (
+    VisionTransformer,
+    ViTConfig,
+    add_cls_and_positions,
+    interpolate_position_embeddings,
+    patch_embedding_from_conv,
+    patchify,
+    vit_parameter_count,
+)
 
 SMALL = dict(image_size=32, patch_size=8, in_channels=3, n_classes=10, d_model=64, n_layers=2, n_heads=4, d_mlp=128)
 
@@ -168,3 +179,181 @@ def test_vit_config_rejects_bad_sizes(change, message):
 def test_vit_config_derived_sizes():
     config = ViTConfig(224, 16, 3, 1000, 768, 12, 12, 3072)
     assert (config.grid_size, config.n_patches, config.patch_dim) == (14, 196, 768)
+
+
+# --- the patch embedding as a Linear ---
+
+
+@pytest.mark.parametrize("channels, p, bias, dtype", [(3, 4, True, torch.float32), (1, 2, False, torch.float32),
+                                                      (2, 3, True, torch.float64)])
+def test_patch_embedding_from_conv_equals_the_conv(channels, p, bias, dtype):
+    torch.manual_seed(channels + p)
+    conv = nn.Conv2d(channels, 8, kernel_size=p, stride=p, bias=bias).to(dtype)
+    images = torch.randn(2, channels, 3 * p, 2 * p, dtype=dtype)
+    linear = patch_embedding_from_conv(conv)
+    assert isinstance(linear, nn.Linear) and linear.weight.dtype == dtype and (linear.bias is None) == (not bias)
+    with torch.no_grad():
+        expected = rearrange(conv(images), "batch d_model h w -> batch (h w) d_model")
+        torch.testing.assert_close(linear(patchify(images, p)), expected)
+    with torch.no_grad():  # a copy, not a view: changing the Linear leaves the conv alone
+        linear.weight.zero_()
+    assert conv.weight.abs().sum() > 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(kernel_size=4, stride=2), "stride=\\(2, 2\\)"),
+    (dict(kernel_size=4, stride=4, padding=1), "padding=\\(1, 1\\)"),
+    (dict(kernel_size=(4, 2), stride=(4, 2)), "square kernel"),
+    (dict(kernel_size=2, stride=2, groups=3), "groups=3"),
+])
+def test_patch_embedding_from_conv_rejects_convs_that_are_not_patch_embeddings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        patch_embedding_from_conv(nn.Conv2d(3, 6, **kwargs))
+    with pytest.raises(ValueError, match="conv must be an nn.Conv2d"):
+        patch_embedding_from_conv(nn.Linear(3, 3))
+
+
+# --- [CLS] and positions ---
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_add_cls_and_positions_row_by_row(batch):
+    gen = torch.Generator().manual_seed(batch)
+    tokens, cls, positions = torch.randn(batch, 5, 4, generator=gen), torch.randn(1, 1, 4, generator=gen), \
+        torch.randn(1, 6, 4, generator=gen)
+    out = add_cls_and_positions(tokens, cls, positions)
+    assert out.shape == (batch, 6, 4)
+    for b in range(batch):
+        torch.testing.assert_close(out[b, 0], cls[0, 0] + positions[0, 0], rtol=0, atol=0)
+        for k in range(5):
+            torch.testing.assert_close(out[b, 1 + k], tokens[b, k] + positions[0, 1 + k], rtol=0, atol=0)
+
+
+def test_add_cls_and_positions_gradients_reach_cls_and_positions():
+    cls = torch.randn(1, 1, 4, requires_grad=True)
+    positions = torch.randn(1, 4, 4, requires_grad=True)
+    cotangent = torch.randn(3, 4, 4)
+    (add_cls_and_positions(torch.randn(3, 3, 4), cls, positions) * cotangent).sum().backward()
+    torch.testing.assert_close(cls.grad, cotangent[:, :1].sum(0, keepdim=True))
+    torch.testing.assert_close(positions.grad, cotangent.sum(0, keepdim=True))
+
+
+@pytest.mark.parametrize("cls_shape, positions_shape, message", [
+    ((1, 1, 4), (1, 5, 4), r"position_embedding must be \(1, 1 \+ n_patches, d_model\) = \(1, 4, 4\).*interpolate"),
+    ((2, 1, 4), (1, 4, 4), r"cls_token must be \(1, 1, d_model=4\)"),
+])
+def test_add_cls_and_positions_rejects_mismatched_shapes(cls_shape, positions_shape, message):
+    with pytest.raises(ValueError, match=message):
+        add_cls_and_positions(torch.zeros(2, 3, 4), torch.zeros(cls_shape), torch.zeros(positions_shape))
+
+
+# --- a new image size ---
+
+
+@pytest.mark.parametrize("old, new, dtype", [(2, 5, torch.float32), (4, 7, torch.float32), (6, 3, torch.float64),
+                                             (3, 1, torch.float32)])
+def test_interpolate_position_embeddings_matches_torchvision(old, new, dtype):
+    positions = torch.randn(1, 1 + old * old, 6, generator=torch.Generator().manual_seed(old * new), dtype=dtype)
+    expected = interpolate_embeddings(new * 16, 16, {"encoder.pos_embedding": positions})["encoder.pos_embedding"]
+    out = interpolate_position_embeddings(positions, new)
+    assert out.shape == (1, 1 + new * new, 6) and out.dtype == dtype
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(out[:, 0], positions[:, 0], rtol=0, atol=0)  # [CLS] is not on the grid
+
+
+def test_interpolate_position_embeddings_keeps_the_grid():
+    # Feature 0 is the patch's row, feature 1 its column: after resizing, feature 0 still varies only down the
+    # rows and feature 1 only across the columns, and the four corners keep their values (corners aligned).
+    rows, cols = torch.meshgrid(torch.arange(4.0), torch.arange(4.0), indexing="ij")
+    grid = torch.stack([rows, cols], dim=-1).reshape(1, 16, 2)
+    positions = torch.cat([torch.full((1, 1, 2), -7.0), grid], dim=1).double()
+    out = interpolate_position_embeddings(positions, 7)[0, 1:].reshape(7, 7, 2)
+    torch.testing.assert_close(out[..., 0], out[:, :1, 0].expand(7, 7))
+    torch.testing.assert_close(out[..., 1], out[:1, :, 1].expand(7, 7))
+    assert out[0, 0].tolist() == [0.0, 0.0] and out[-1, -1].tolist() == [3.0, 3.0]
+    assert out[0, -1].tolist() == [0.0, 3.0] and out[-1, 0].tolist() == [3.0, 0.0]
+    torch.testing.assert_close(interpolate_position_embeddings(positions, 4), positions)
+
+
+@pytest.mark.parametrize("shape, grid, message", [
+    ((1, 1 + 6, 4), 3, "6 patch positions, which is not a square number"),
+    ((2, 5, 4), 3, r"position_embedding must be \(1, 1 \+ n_patches, d_model\)"),
+    ((1, 5, 4), 0, "grid_size must be a positive integer"),
+])
+def test_interpolate_position_embeddings_rejects_bad_input(shape, grid, message):
+    with pytest.raises(ValueError, match=message):
+        interpolate_position_embeddings(torch.zeros(shape), grid)
+
+
+def test_vit_for_image_size_equals_torchvision_with_interpolated_positions():
+    theirs = small_torchvision_vit(3)
+    state = interpolate_embeddings(48, 8, OrderedDict(theirs.state_dict()))
+    bigger = TorchvisionViT(image_size=48, patch_size=8, num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=128,
+                            num_classes=10)
+    bigger.load_state_dict(state)
+    ours = VisionTransformer.from_torchvision(theirs).eval().for_image_size(48)
+    assert ours.config.image_size == 48 and ours.position_embedding.shape == (1, 37, 64)
+    images = torch.randn(2, 3, 48, 48, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(images), bigger.eval()(images), rtol=1e-4, atol=1e-4)
+
+
+def test_vit_wrong_image_size_error_points_to_for_image_size():
+    with pytest.raises(ValueError, match="for_image_size"):
+        VisionTransformer(**SMALL)(torch.zeros(1, 3, 40, 40))
+
+
+# --- the parameter count by formula ---
+
+
+@pytest.mark.parametrize("sizes", [
+    (224, 16, 3, 1000, 768, 12, 12, 3072),  # ViT-B/16
+    (224, 32, 3, 1000, 768, 12, 12, 3072),  # ViT-B/32
+    (224, 16, 3, 1000, 1024, 24, 16, 4096),  # ViT-L/16
+    (224, 14, 3, 1000, 1280, 32, 16, 5120),  # ViT-H/14
+    (384, 16, 3, 21843, 768, 12, 12, 3072),  # B/16 at 384 px with the ImageNet-21k head
+])
+def test_vit_parameter_count_matches_torchvision(sizes):
+    image_size, p, _, n_classes, d_model, n_layers, n_heads, d_mlp = sizes
+    with torch.device("meta"):
+        theirs = TorchvisionViT(image_size, p, n_layers, n_heads, d_model, d_mlp, num_classes=n_classes)
+        ours = VisionTransformer(*sizes)
+    expected = sum(param.numel() for param in theirs.parameters())
+    assert vit_parameter_count(*sizes) == expected == sum(param.numel() for param in ours.parameters())
+
+
+@pytest.mark.parametrize("channels", [1, 4])
+def test_vit_parameter_count_other_channels_matches_the_module(channels):
+    sizes = (12, 3, channels, 7, 24, 2, 4, 40)
+    assert vit_parameter_count(*sizes) == sum(p.numel() for p in VisionTransformer(*sizes).parameters())
+
+
+def test_vit_b16_parameter_count_is_86_567_656():
+    assert vit_parameter_count(224, 16, 3, 1000, 768, 12, 12, 3072) == 86_567_656
+
+
+@pytest.mark.parametrize("sizes, message", [
+    ((225, 16, 3, 1000, 768, 12, 12, 3072), "image_size=225 is not divisible by patch_size=16"),
+    ((224, 16, 3, 1000, 770, 12, 12, 3072), "d_model=770 is not divisible by n_heads=12"),
+])
+def test_vit_parameter_count_rejects_bad_sizes(sizes, message):
+    with pytest.raises(ValueError, match=message):
+        vit_parameter_count(*sizes)
+
+
+def test_vit_mlp_layers_are_named():
+    keys = VisionTransformer(**SMALL).state_dict().keys()
+    assert {"blocks.0.mlp.up.weight", "blocks.0.mlp.down.bias"} <= set(keys)
+    assert not any(".mlp.0." in key or ".mlp.3." in key for key in keys)
+
+
+def test_vit_mutants_are_caught_by_their_checks_not_by_the_delegation_rule():
+    # A mutant that called solutions.vit would be rejected as delegation whatever its mistake.
+    from autograder.checks import core
+    from mutants import chapter_of, load_all
+
+    chapter = chapter_of("vit_mutants")
+    for mutant in load_all()["vit_mutants"]:
+        with pytest.raises(core.CheckFailed) as err:
+            core.run(chapter.checks, mutant.exercise, mutant.obj, level="hidden", seed=0, quiet=True)
+        assert "library's answer" not in str(err.value), f"{mutant.name}: {err.value}"

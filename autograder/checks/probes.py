@@ -285,6 +285,35 @@ def decoder_layer_steps(obj: Any, inputs: dict) -> dict:
             cache.advance(1)
     return {"full": full, "steps": steps, "layers_seen": cache.layers_seen}
 
+
+# --- chapter 5 ---
+
+
+def linear_from_conv(obj: Any, inputs: dict) -> dict:
+    """Build ``nn.Conv2d`` from ``inputs["weight"]`` (out, in, p, p), ``inputs["bias"]`` (None: no bias) and the
+    keyword arguments ``inputs["conv"]`` (kernel_size, stride, ...), call ``obj(conv)``, and return what came back:
+    whether it is an ``nn.Linear``, its ``weight`` and ``bias`` and its output on ``inputs["patches"]``. An exception
+    is returned (type and message) instead of raised; ``out`` is then None."""
+    weight, bias = inputs["weight"], inputs["bias"]
+    conv = torch.nn.Conv2d(weight.shape[1], weight.shape[0], bias=bias is not None, **inputs["conv"])
+    conv = conv.to(weight.dtype)
+    with torch.no_grad():
+        conv.weight.copy_(weight)
+        if bias is not None:
+            conv.bias.copy_(bias)
+    try:
+        linear = obj(conv)
+        with torch.no_grad():
+            out = linear(inputs["patches"])
+    except NotImplementedError:  # an unsolved stub is not an answer
+        raise
+    except Exception as err:  # the judge decides whether this error was the expected one
+        return {"out": None, "error": _error(err)}
+    found = {name: getattr(linear, name, None) for name in ("weight", "bias")}
+    return {"out": out, "error": None, "is_linear": isinstance(linear, torch.nn.Linear),
+            **{name: value.detach() if isinstance(value, torch.Tensor) else None for name, value in found.items()}}
+
+
 _PROBES = {name: value for name, value in dict(globals()).items()
            if callable(value) and not name.startswith("_") and name not in ("execute", "Forbidden", "Guard", "Any")
            and getattr(value, "__module__", None) == __name__}

@@ -1,0 +1,621 @@
+"""Checks for chapter 5, the Vision Transformer (the reference is :mod:`solutions.vit`).
+
+Each judge compares with an independent reference — image blocks cut with
+``Tensor.unfold`` (patchify), ``F.conv2d`` (the patch embedding), torchvision's
+``VisionTransformer`` with the same weights (the forward pass and the parameter
+count) and torchvision's ``interpolate_embeddings`` (a new image size) — and,
+when the answer is wrong, recomputes the usual mistakes to name the one that was made.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+from torchvision.models import vision_transformer as tv
+
+from autograder.checks import core
+from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
+from solutions import vit as reference
+
+
+def _int(gen: torch.Generator, low: int, high: int) -> int:
+    """A random int in [low, high] drawn from ``gen``."""
+    return int(torch.randint(low, high + 1, (1,), generator=gen))
+
+
+def _same(actual: Any, candidate: Tensor, atol: float = 1e-5) -> bool:
+    return (
+        isinstance(actual, Tensor)
+        and tuple(actual.shape) == tuple(candidate.shape)
+        and actual.dtype == candidate.dtype
+        and torch.allclose(actual, candidate, atol=atol, rtol=1e-4, equal_nan=True)
+    )
+
+
+def _expect(actual: Any, expected: Tensor, hint: str, mistakes: list[tuple[Tensor, str]] = (), atol: float = 1e-5) -> None:
+    """Like expect_close, but first names a known mistake whose output ``actual`` reproduces."""
+    if not _same(actual, expected, atol):
+        for wrong, message in mistakes:
+            if _same(actual, wrong, atol):
+                fail(message)
+    expect_close(actual, expected, hint, atol=atol)
+
+
+def _expect_value_error(outputs: dict, argument: str, what: str) -> None:
+    error = outputs["error"]
+    if error is None:
+        fail(f"{what}, but your code returned a result: raise ValueError naming {argument} instead of going on")
+    if error["type"] != "ValueError":
+        fail(f"{what}: raise a ValueError (you raised {error['type']}: {error['message']})")
+    if argument not in error["message"]:
+        fail(f"{what}: your ValueError should name {argument} and say what to change; it said {error['message']!r}")
+
+
+def _no_error(outputs: dict) -> None:
+    error = outputs.get("error")
+    if error is not None:
+        fail(f"your code raised {error['type']}: {error['message']}")
+
+
+# --- patchify --------------------------------------------------------------------------------------
+
+
+def _blocks(images: Tensor, p: int) -> Tensor:
+    """The reference patches, cut with Tensor.unfold: (batch, h·w, p·p·channels), row-major, (p1 p2 channels)."""
+    batch, channels = images.shape[:2]
+    blocks = images.unfold(2, p, p).unfold(3, p, p)  # (batch, channels, h, w, p1, p2)
+    return blocks.permute(0, 2, 3, 4, 5, 1).reshape(batch, -1, p * p * channels)
+
+
+def _patch_inputs(gen: torch.Generator, *, channels=(2, 3), grid=(2, 4), patch=(2, 4), square=False,
+                  dtype=torch.float32, batch=(1, 3)) -> dict:
+    c, p = _int(gen, *channels), _int(gen, *patch)
+    h = _int(gen, *grid)
+    w = h if square else _int(gen, *grid)
+    if not square and w == h and grid[1] > grid[0]:  # keep row-major and column-major apart
+        w = grid[0] if h != grid[0] else grid[1]
+    images = torch.randn(_int(gen, *batch), c, h * p, w * p, generator=gen, dtype=dtype)
+    return {"args": (images, p)}
+
+
+def _judge_patchify(inputs: dict, outputs: dict) -> None:
+    images, p = inputs["args"]
+    batch, c, height, width = images.shape
+    h, w = height // p, width // p
+    expected = _blocks(images, p)
+    out = outputs["out"]
+    if _same(out, expected):
+        return
+    grid = images.reshape(batch, c, h, p, w, p)
+    mistakes = [
+        (images.unfold(2, p, p).unfold(3, p, p).reshape(batch, h * w, p * p * c),
+         f"your 'patch' 0 holds {c} different image blocks of channel 0, not one block with its {c} channels: "
+         "after unfold (or a reshape to (batch, channels, h, w, p1, p2)) the channel axis is still first, so a "
+         "view/reshape to (batch, patches, values) mixes channels and blocks. Move channels last before flattening "
+         "(einops: 'batch channels (h p1) (w p2) -> batch (h w) (p1 p2 channels)')"),
+        (images.reshape(batch, h * w, p * p * c),
+         "your patches are consecutive runs of the image's memory, not p×p blocks: a plain view/reshape of "
+         "(batch, channels, height, width) cannot cut blocks. Split height and width into (h p1) and (w p2) and move "
+         "the axes (einops: 'batch channels (h p1) (w p2) -> batch (h w) (p1 p2 channels)')"),
+        (rearrange(grid, "batch c h p1 w p2 -> batch (h w) (c p1 p2)"),
+         "each patch holds the right pixels, flattened as (channels p1 p2) (what F.unfold and a reshape of the conv "
+         "weight give); the documented order is (p1 p2 channels): pixel by pixel, the channels of a pixel together"),
+        (rearrange(grid, "batch c h p1 w p2 -> batch (w h) (p1 p2 c)"),
+         "your patches are in column-major order: number them row by row, (h w), so patch 1 is the block right of "
+         "patch 0"),
+        (rearrange(grid, "batch c h p1 w p2 -> batch (h w) (p2 p1 c)"),
+         "each patch is transposed: flatten it row by row, (p1 p2), p1 being the row inside the patch"),
+    ]
+    for wrong, message in mistakes:
+        if _same(out, wrong):
+            fail(message)
+    if isinstance(out, Tensor) and tuple(out.shape) == tuple(expected.shape):
+        bad = (out.to(expected.dtype) - expected).abs().flatten(2).amax(-1).amax(0) > 1e-5
+        if bad.any():
+            k = int(bad.nonzero()[0])
+            fail(f"patch {k} must be the block at row {k // w}, column {k % w} of the {h}×{w} grid, i.e. "
+                 f"images[:, :, {k // w * p}:{k // w * p + p}, {k % w * p}:{k % w * p + p}], flattened as "
+                 "(p1 p2 channels); yours is not")
+    expect_close(out, expected, f"expected (batch, {h * w}, {p * p * c}) patches in row-major order, each flattened "
+                                "as (p1 p2 channels)")
+
+
+def _indivisible_inputs(gen: torch.Generator, *, only_height: bool = False) -> dict:
+    p = _int(gen, 3, 4)
+    height = p * _int(gen, 2, 3) + _int(gen, 1, p - 1)
+    width = p * _int(gen, 2, 3) + (0 if only_height else _int(gen, 1, p - 1))
+    return {"args": (torch.randn(1, 2, height, width, generator=gen), p)}
+
+
+def _judge_indivisible(inputs: dict, outputs: dict) -> None:
+    images, p = inputs["args"]
+    height, width = images.shape[-2:]
+    what = f"a {height}×{width} image cannot be cut into {p}×{p} patches"
+    if outputs["error"] is None:
+        fail(f"{what}, but your code returned patches (cropping the image, or a wrong reshape): silently dropping "
+             "pixels hides a bug; raise ValueError naming patch_size and the sizes that divide the image")
+    _expect_value_error(outputs, "patch_size", what)
+
+
+# --- patch_embedding_from_conv -----------------------------------------------------------------------
+
+
+def _conv_inputs(gen: torch.Generator, *, bias: bool = True, dtype=torch.float32, channels=(2, 3), stride=None) -> dict:
+    c, p = _int(gen, *channels), _int(gen, 2, 3)
+    d_model = _int(gen, 3, 8)
+    h, w = _int(gen, 1, 3), _int(gen, 1, 3)
+    images = torch.randn(_int(gen, 1, 2), c, h * p, w * p, generator=gen, dtype=dtype)
+    weight = 0.5 * torch.randn(d_model, c, p, p, generator=gen, dtype=dtype)
+    conv = {"kernel_size": p, "stride": p if stride is None else stride}
+    return {"weight": weight, "bias": 0.5 * torch.randn(d_model, generator=gen, dtype=dtype) if bias else None,
+            "conv": conv, "images": images, "patches": _blocks(images, p)}
+
+
+def _judge_conv(inputs: dict, outputs: dict) -> None:
+    _no_error(outputs)
+    if not outputs["is_linear"]:
+        fail("return an nn.Linear (in_features = p·p·channels, out_features = d_model) with the conv's weights")
+    weight, bias, images, patches = inputs["weight"], inputs["bias"], inputs["images"], inputs["patches"]
+    d_model, p = weight.shape[0], weight.shape[-1]
+    conv_out = F.conv2d(images, weight, bias, stride=p)
+    expected = rearrange(conv_out, "batch d_model h w -> batch (h w) d_model")
+    out = outputs["out"]
+    if _same(out, expected, 1e-4):
+        return
+    if isinstance(out, Tensor) and out.dtype != expected.dtype:
+        fail(f"the conv is {expected.dtype}; your Linear gives {out.dtype}: create it with the conv's dtype and device")
+    if bias is None and outputs["bias"] is not None and torch.any(outputs["bias"] != 0):
+        fail("this conv has no bias, but your Linear adds one (a random initial bias): use bias=conv.bias is not None")
+    right_weight = rearrange(weight, "d c p1 p2 -> d (p1 p2 c)")
+    if bias is not None and _same(outputs["weight"], right_weight, 1e-6) and not _same(outputs["bias"], bias, 1e-6):
+        fail("the weight is right but the bias is not the conv's: copy conv.bias into the Linear's bias (a new "
+             "nn.Linear starts with a random one)")
+    mistakes = [
+        (F.linear(patches, weight.reshape(d_model, -1), bias),
+         "conv.weight.reshape(d_model, -1) flattens each kernel as (channels p1 p2), but patchify flattens a patch "
+         "as (p1 p2 channels): the weights then meet the wrong pixels. Rearrange the weight "
+         "'d_model channels p1 p2 -> d_model (p1 p2 channels)'"),
+        (F.linear(patches, rearrange(weight, "d c p1 p2 -> d (p2 p1 c)"), bias),
+         "your weight rows are transposed inside the kernel: flatten it as (p1 p2 channels), p1 the kernel row"),
+    ]
+    if bias is not None:
+        mistakes.append((F.linear(patches, rearrange(weight, "d c p1 p2 -> d (p1 p2 c)")),
+                         "the bias is missing: copy conv.bias into the Linear's bias"))
+    _expect(out, expected, "linear(patchify(images)) must equal conv(images) laid out as (batch, patches, d_model)",
+            mistakes, atol=1e-4)
+
+
+def _judge_conv_not_patches(inputs: dict, outputs: dict) -> None:
+    p, stride = inputs["conv"]["kernel_size"], inputs["conv"]["stride"]
+    _expect_value_error(outputs, "stride", f"a Conv2d with kernel_size={p} and stride={stride} overlaps its "
+                                           "patches, so no Linear on patchify's patches equals it")
+
+
+# --- add_cls_and_positions ----------------------------------------------------------------------------
+
+
+def _cls_inputs(gen: torch.Generator, *, batch=(2, 4), positions_off_by: int = 0) -> dict:
+    b, n, d = _int(gen, *batch), _int(gen, 2, 9), _int(gen, 2, 8)
+    return {"args": (torch.randn(b, n, d, generator=gen), torch.randn(1, 1, d, generator=gen),
+                     torch.randn(1, n + 1 + positions_off_by, d, generator=gen))}
+
+
+def _judge_cls(inputs: dict, outputs: dict) -> None:
+    tokens, cls, positions = inputs["args"]
+    batch, n = tokens.shape[:2]
+    error = outputs.get("error")
+    if error is not None:
+        if batch > 1 and "size" in error["message"].lower():
+            fail(f"your code raised {error['type']} with a batch of {batch}: cls_token is (1, 1, d_model), one token "
+                 "for the whole batch; expand it over the batch (einops.repeat or .expand(batch, -1, -1)) before "
+                 f"concatenating. ({error['message'][:120]})")
+        _no_error(outputs)
+    cls_batch = cls.expand(batch, 1, -1)
+    expected = torch.cat([cls_batch, tokens], dim=1) + positions
+    _expect(outputs["out"], expected, "the output must be [CLS] followed by the patches, plus one position vector "
+                                      "per token (row 0 for [CLS])", [
+        (torch.cat([cls_batch, tokens + positions[:, :n]], dim=1),
+         "you added the positions before prepending [CLS]: [CLS] got none and each patch got its left neighbour's "
+         "row. Prepend [CLS] first, then add all 1 + n_patches rows"),
+        (torch.cat([cls_batch, tokens + positions[:, 1:]], dim=1),
+         "[CLS] got no position vector: prepend it first, then add the whole position_embedding, whose row 0 is "
+         "[CLS]'s"),
+        (torch.cat([tokens, cls_batch], dim=1) + positions,
+         "[CLS] goes first (position 0), not after the patches"),
+        (torch.cat([cls_batch, tokens], dim=1),
+         "the position embeddings are missing: add position_embedding to the sequence"),
+    ])
+
+
+def _cls_grad_inputs(gen: torch.Generator) -> dict:
+    inputs = _cls_inputs(gen)
+    tokens, cls, positions = inputs["args"]
+    cotangent = torch.randn(tokens.shape[0], tokens.shape[1] + 1, tokens.shape[2], generator=gen)
+    return {**inputs, "grad_args": [1, 2], "cotangent": cotangent}
+
+
+def _judge_cls_grad(inputs: dict, outputs: dict) -> None:
+    cotangent = inputs["cotangent"]
+    grad_cls, grad_positions = outputs["grads"]
+    if grad_cls is None:
+        fail("no gradient reaches cls_token: do not detach it, use .data or copy its values into a new tensor — "
+             "the [CLS] token could never be learned")
+    if grad_positions is None:
+        fail("no gradient reaches position_embedding: do not detach it or copy its values — the positions could "
+             "never be learned")
+    expect_close(grad_cls, cotangent[:, :1].sum(0, keepdim=True),
+                 "the gradient of cls_token must be the sum over the batch of the gradients at position 0")
+    expect_close(grad_positions, cotangent.sum(0, keepdim=True),
+                 "the gradient of position_embedding must be the sum over the batch of every position's gradient")
+
+
+def _judge_cls_wrong_positions(inputs: dict, outputs: dict) -> None:
+    tokens, _, positions = inputs["args"]
+    _expect_value_error(outputs, "position_embedding",
+                        f"{tokens.shape[1]} patches need 1 + {tokens.shape[1]} position vectors, and "
+                        f"position_embedding has {positions.shape[1]} (a model trained at another image size)")
+
+
+# --- VisionTransformer ------------------------------------------------------------------------------
+
+
+def _vit_inputs(gen: torch.Generator, *, channels: int = 3, batch=(2, 3), layers=(1, 2), wrong_size: bool = False) -> dict:
+    p, grid = _int(gen, 2, 3), _int(gen, 2, 3)
+    n_heads = [1, 2, 4][_int(gen, 0, 2)]
+    d_model = n_heads * _int(gen, 2, 4)
+    config = (grid * p, p, channels, _int(gen, 3, 6), d_model, _int(gen, *layers), n_heads, 2 * d_model)
+    model = reference.VisionTransformer(*config)
+    state = {}
+    for name, value in model.state_dict().items():
+        noise = torch.randn(value.shape, generator=gen)
+        # LayerNorm scales near 1, everything else random: [CLS], positions and the head are not zero.
+        state[name] = 1.0 + 0.2 * noise if "norm" in name and name.endswith("weight") else 0.3 * noise
+    size = grid * p + (1 if wrong_size else 0)
+    images = torch.randn(_int(gen, *batch), channels, size, size, generator=gen)
+    return {"init_args": config, "state": state, "args": (images,)}
+
+
+def _torchvision_model(inputs: dict) -> nn.Module:
+    """torchvision's VisionTransformer (3 channels) with the inputs' weights, mapped name by name."""
+    image_size, p, channels, n_classes, d_model, n_layers, n_heads, d_mlp = inputs["init_args"]
+    state = inputs["state"]
+    theirs: OrderedDict[str, Tensor] = OrderedDict()
+    theirs["class_token"] = state["cls_token"]
+    theirs["conv_proj.weight"] = rearrange(state["patch_embedding.weight"], "d (p1 p2 c) -> d c p1 p2", p1=p, p2=p)
+    theirs["conv_proj.bias"] = state["patch_embedding.bias"]
+    theirs["encoder.pos_embedding"] = state["position_embedding"]
+    names = {"norm_attention": "ln_1", "norm_mlp": "ln_2", "mlp.up": "mlp.0", "mlp.down": "mlp.3",
+             "attention.in_proj.weight": "self_attention.in_proj_weight",
+             "attention.in_proj.bias": "self_attention.in_proj_bias",
+             "attention.out_proj": "self_attention.out_proj"}
+    for i in range(n_layers):
+        for ours, their in names.items():
+            for key, value in state.items():
+                if key.startswith(f"blocks.{i}.{ours}"):
+                    theirs[key.replace(f"blocks.{i}.{ours}", f"encoder.layers.encoder_layer_{i}.{their}")] = value
+    theirs["encoder.ln.weight"], theirs["encoder.ln.bias"] = state["norm.weight"], state["norm.bias"]
+    theirs["heads.head.weight"], theirs["heads.head.bias"] = state["head.weight"], state["head.bias"]
+    model = tv.VisionTransformer(image_size, p, n_layers, n_heads, d_model, d_mlp, num_classes=n_classes)
+    model.load_state_dict(theirs, strict=True)
+    return model.eval()
+
+
+def _vit_variants(inputs: dict) -> dict[str, Tensor]:
+    """The reference's logits and those of the known mistakes of the forward pass, from the reference's pieces."""
+    model = reference.VisionTransformer(*inputs["init_args"])
+    model.load_state_dict(inputs["state"])
+    model.eval()
+    (images,) = inputs["args"]
+
+    def encode(x: Tensor) -> Tensor:
+        for block in model.blocks:
+            x = block(x)
+        return x
+
+    with torch.no_grad():
+        embedded = model.embed(images)
+        tokens = model.patch_embedding(model.patchify(images))
+        without_positions = torch.cat([model.cls_token.expand(len(images), 1, -1), tokens], dim=1)
+        h = encode(embedded)
+        return {
+            "reference": model.head(model.norm(h)[:, 0]),
+            "last_token": model.head(model.norm(h)[:, -1]),
+            "mean_all": model.head(model.norm(h).mean(1)),
+            "mean_patches": model.head(model.norm(h)[:, 1:].mean(1)),
+            "no_final_norm": model.head(h[:, 0]),
+            "no_positions": model.head(model.norm(encode(without_positions))[:, 0]),
+            "no_blocks": model.head(model.norm(embedded)[:, 0]),
+        }
+
+
+_VIT_MISTAKES = {
+    "last_token": "you classify from the last token: the [CLS] token is the first one, x[:, 0]",
+    "mean_all": "you classify from the mean of all tokens, [CLS] included: this model's head reads the [CLS] "
+                "output, x[:, 0] (mean pooling, over the patches only, is another design with another head)",
+    "mean_patches": "you classify from the mean of the patch tokens: this model's head reads the [CLS] output, x[:, 0]",
+    "no_final_norm": "the final LayerNorm is missing: head(norm(x)[:, 0])",
+    "no_positions": "the position embeddings are missing: embed with add_cls_and_positions(tokens, self.cls_token, "
+                    "self.position_embedding)",
+    "no_blocks": "the encoder blocks are not applied: x = block(x) for every block in self.blocks",
+}
+
+
+def _judge_vit(inputs: dict, outputs: dict) -> None:
+    _no_error(outputs)
+    channels = inputs["init_args"][2]
+    variants = _vit_variants(inputs)
+    if channels == 3:
+        with torch.no_grad():
+            expected = _torchvision_model(inputs)(*inputs["args"])
+    else:
+        expected = variants["reference"]
+    out = outputs["out"]
+    if not _same(out, expected, 1e-4):
+        for bug, message in _VIT_MISTAKES.items():
+            if _same(out, variants[bug], 1e-4):
+                fail(message)
+    expect_close(out, expected, "the logits differ from torchvision's VisionTransformer with the same weights: "
+                                "embed, every block, the final norm, then the head on the [CLS] token", atol=1e-4)
+
+
+def _judge_vit_wrong_size(inputs: dict, outputs: dict) -> None:
+    size = inputs["init_args"][0]
+    (images,) = inputs["args"]
+    _expect_value_error(outputs, "images", f"a model built for {size}×{size} images was given "
+                                           f"{images.shape[-2]}×{images.shape[-1]} images (call self._check_images)")
+
+
+# --- vit_parameter_count ------------------------------------------------------------------------------
+
+_NAMED_SIZES = (  # (image_size, patch_size, in_channels, n_classes, d_model, n_layers, n_heads, d_mlp)
+    (224, 16, 3, 1000, 768, 12, 12, 3072),  # ViT-B/16
+    (224, 32, 3, 1000, 768, 12, 12, 3072),  # ViT-B/32
+    (224, 16, 3, 1000, 1024, 24, 16, 4096),  # ViT-L/16
+    (224, 14, 3, 1000, 1280, 32, 16, 5120),  # ViT-H/14
+    (384, 16, 3, 1000, 768, 12, 12, 3072),  # ViT-B/16 at 384 px
+    (224, 16, 3, 1000, 192, 12, 3, 768),  # ViT-Ti/16
+)
+
+
+def _count_inputs(gen: torch.Generator, *, kind: str) -> dict:
+    if kind == "b16":
+        return {"args": _NAMED_SIZES[0]}
+    if kind == "named":
+        return {"args": _NAMED_SIZES[_int(gen, 1, len(_NAMED_SIZES) - 1)]}
+    p, grid, n_heads = _int(gen, 2, 8), _int(gen, 2, 7), _int(gen, 1, 4)
+    channels = _int(gen, 1, 4) if kind == "channels" else 3
+    return {"args": (p * grid, p, channels, _int(gen, 2, 20), n_heads * _int(gen, 2, 16), _int(gen, 1, 4), n_heads,
+                     _int(gen, 4, 64))}
+
+
+def _count_of(args: tuple) -> int:
+    image_size, p, channels, n_classes, d_model, n_layers, n_heads, d_mlp = args
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        if channels == 3:
+            model = tv.VisionTransformer(image_size, p, n_layers, n_heads, d_model, d_mlp, num_classes=n_classes)
+        else:
+            model = reference.VisionTransformer(*args)
+    return sum(param.numel() for param in model.parameters())
+
+
+def _judge_count(inputs: dict, outputs: dict) -> None:
+    args = inputs["args"]
+    image_size, p, channels, n_classes, d_model, n_layers, n_heads, d_mlp = args
+    got = outputs["out"]
+    if isinstance(got, bool) or not isinstance(got, int):
+        fail(f"return a Python int; got {type(got).__name__}")
+    expected = _count_of(args)
+    if got == expected:
+        return
+    where = (f"image_size={image_size}, patch_size={p}, in_channels={channels}, n_classes={n_classes}, "
+             f"d_model={d_model}, n_layers={n_layers}, d_mlp={d_mlp}")
+    n_patches = (image_size // p) ** 2
+    diff = expected - got
+    hints = {
+        d_model: f"you are one d_model short: count the [CLS] token (1 × d_model) and one position vector per token, "
+                 f"1 + {n_patches} rows",
+        2 * d_model: "you are 2·d_model short: the [CLS] token and [CLS]'s row of the position embeddings, or the "
+                     "final LayerNorm (d_model scales, d_model shifts)",
+        (4 * n_layers + 2) * d_model: "the LayerNorms are missing: two per block and one before the head, each "
+                                      "d_model scales and d_model shifts",
+        d_model + n_layers * (5 * d_model + d_mlp) + n_classes: "the biases of the Linear layers are missing (patch "
+                                                                "embedding, in_proj, out_proj, both MLP layers, head)",
+        n_layers * (d_model * d_model + d_model): "W_O is missing: attention has four d_model × d_model projections "
+                                                  "(W_Q, W_K, W_V and W_O), each with a bias",
+    }
+    if channels > 1:
+        hints[(channels - 1) * p * p * d_model] = (f"the patch embedding maps p·p·channels numbers (here "
+                                                   f"{p * p * channels}) to d_model")
+    if diff in hints:
+        fail(f"{where}: {hints[diff]}")
+    fail(f"{where}: expected {expected:,} parameters, got {got:,} ({diff:+,} missing)")
+
+
+def _count_bad_inputs(gen: torch.Generator, *, what: str) -> dict:
+    if what == "patch_size":
+        p = _int(gen, 3, 7)
+        return {"args": (p * _int(gen, 2, 5) + 1, p, 3, 10, 64, 2, 4, 128)}
+    n_heads = _int(gen, 5, 7)
+    return {"args": (32, 8, 3, 10, n_heads * 8 + 2, 2, n_heads, 128)}
+
+
+def _judge_count_bad(inputs: dict, outputs: dict, *, argument: str) -> None:
+    image_size, p, *_, d_model, _, n_heads, _ = inputs["args"]
+    what = (f"image_size={image_size} is not divisible by patch_size={p}" if argument == "patch_size"
+            else f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    _expect_value_error(outputs, argument, what)
+
+
+# --- interpolate_position_embeddings -------------------------------------------------------------------
+
+
+def _interp_inputs(gen: torch.Generator, *, grow: bool | None = True, dtype=torch.float32) -> dict:
+    old = _int(gen, 2, 4)
+    if grow is None:
+        new = old
+    elif grow:
+        new = old + _int(gen, 1, 3)
+    else:
+        old += 2
+        new = _int(gen, 2, old - 1)
+    d = _int(gen, 2, 6)
+    return {"args": (torch.randn(1, 1 + old * old, d, generator=gen, dtype=dtype), new)}
+
+
+def _judge_interp(inputs: dict, outputs: dict) -> None:
+    positions, new = inputs["args"]
+    d = positions.shape[-1]
+    old = int(round((positions.shape[1] - 1) ** 0.5))
+    # torchvision's own function, on a throw-away state dict (it edits the dict it is given).
+    patch = 4
+    expected = tv.interpolate_embeddings(new * patch, patch, OrderedDict({"encoder.pos_embedding": positions}))[
+        "encoder.pos_embedding"]
+    out = outputs["out"]
+    if _same(out, expected, 1e-5):
+        return
+    cls, grid = positions[:, :1], positions[:, 1:]
+    image = rearrange(grid, "1 (h w) d -> 1 d h w", h=old)
+
+    def resized(mode: str, align: bool | None, source: Tensor = image) -> Tensor:
+        return F.interpolate(source, size=(new, new), mode=mode, align_corners=align)
+
+    def back(image_: Tensor) -> Tensor:
+        return torch.cat([cls, rearrange(image_, "1 d h w -> 1 (h w) d")], dim=1)
+
+    whole = F.interpolate(positions.transpose(1, 2), size=1 + new * new, mode="linear", align_corners=True)
+    scrambled = ("you reshaped between (1, n_patches, d_model) and (1, d_model, h, w) without moving the axes, which "
+                 "scrambles features and positions: move d_model first (rearrange '1 (h w) d_model -> 1 d_model h w') "
+                 "and back the same way")
+    mistakes = [
+        (back(resized("bicubic", True, grid.reshape(1, d, old, old))), scrambled),
+        (torch.cat([cls, resized("bicubic", True, grid.reshape(1, d, old, old)).reshape(1, new * new, d)], dim=1),
+         scrambled),
+        (whole.transpose(1, 2),
+         "you interpolated the table as one 1-D sequence, [CLS] included: the patch positions are a 2-D h×w grid; "
+         "keep row 0 ([CLS]) apart and resize the grid in both directions"),
+        (back(resized("bicubic", False)),
+         "use align_corners=True (torchvision's convention for ViT checkpoints): the grid's corner positions stay "
+         "exactly at the corners"),
+        (back(resized("bilinear", True)), "use mode='bicubic', as torchvision does for ViT checkpoints"),
+        (torch.cat([cls, rearrange(resized("bicubic", True), "1 d h w -> 1 (w h) d")], dim=1),
+         "flatten the resized grid back row by row, (h w), the order patchify numbers the patches"),
+    ]
+    if isinstance(out, Tensor) and tuple(out.shape) == (1, new * new, d):
+        fail(f"keep [CLS]'s position (row 0) in front: expected shape (1, {1 + new * new}, {d})")
+    if isinstance(out, Tensor) and tuple(out.shape) == tuple(expected.shape) and not torch.allclose(
+            out[:, :1].to(cls.dtype), cls):
+        fail("row 0 belongs to [CLS], which has no place on the grid: keep it unchanged and resize only the patch rows")
+    _expect(out, expected, f"resize the {old}×{old} grid of patch positions to {new}×{new} (bicubic, corners "
+                           "aligned) and keep [CLS]'s row in front", mistakes)
+
+
+def _interp_bad_inputs(gen: torch.Generator) -> dict:
+    side = _int(gen, 2, 4)
+    return {"args": (torch.randn(1, 1 + side * side + _int(gen, 1, side), 4, generator=gen), side + 1)}
+
+
+def _judge_interp_bad(inputs: dict, outputs: dict) -> None:
+    positions = inputs["args"][0]
+    _expect_value_error(outputs, "position_embedding",
+                        f"{positions.shape[1] - 1} patch positions do not make a square grid")
+
+
+CHECKS: dict[str, Check] = {
+    "patchify": Check(
+        name="patchify",
+        visible=(
+            Case("patch k is the image block it claims to be", _patch_inputs, "call", _judge_patchify),
+            Case("an image size not divisible by patch_size", _indivisible_inputs, "call_or_error", _judge_indivisible),
+        ),
+        hidden=(
+            Case("one channel", lambda g: _patch_inputs(g, channels=(1, 1)), "call", _judge_patchify),
+            Case("patch_size 1 and a single patch", lambda g: _patch_inputs(g, patch=(1, 1), grid=(1, 3), square=True),
+                 "call", _judge_patchify),
+            Case("larger images, float64", lambda g: _patch_inputs(g, channels=(3, 4), grid=(3, 6), patch=(2, 5),
+                                                                   dtype=torch.float64), "call", _judge_patchify),
+            Case("only the height is not divisible", lambda g: _indivisible_inputs(g, only_height=True),
+                 "call_or_error", _judge_indivisible),
+        ),
+    ),
+    "patch_embedding_from_conv": Check(
+        name="patch_embedding_from_conv",
+        visible=(Case("linear(patchify(x)) equals the strided conv", _conv_inputs, "linear_from_conv", _judge_conv),),
+        hidden=(
+            Case("a conv without bias", lambda g: _conv_inputs(g, bias=False), "linear_from_conv", _judge_conv),
+            Case("one channel, float64", lambda g: _conv_inputs(g, channels=(1, 1), dtype=torch.float64),
+                 "linear_from_conv", _judge_conv),
+            Case("stride smaller than the kernel", lambda g: _conv_inputs(g, stride=1), "linear_from_conv",
+                 _judge_conv_not_patches),
+        ),
+    ),
+    "add_cls_and_positions": Check(
+        name="add_cls_and_positions",
+        visible=(Case("[CLS] first, for every image of the batch, then positions", _cls_inputs, "call_or_error",
+                      _judge_cls),),
+        hidden=(
+            Case("a batch of one", lambda g: _cls_inputs(g, batch=(1, 1)), "call_or_error", _judge_cls),
+            Case("larger batches", lambda g: _cls_inputs(g, batch=(5, 8)), "call_or_error", _judge_cls),
+            Case("gradients reach [CLS] and the positions", _cls_grad_inputs, "call_with_grad", _judge_cls_grad),
+            Case("position embeddings for another number of patches", lambda g: _cls_inputs(g, positions_off_by=-1),
+                 "call_or_error", _judge_cls_wrong_positions),
+        ),
+    ),
+    "VisionTransformer": Check(
+        name="VisionTransformer",
+        visible=(
+            Case("logits equal torchvision's VisionTransformer with the same weights", _vit_inputs, "module_forward",
+                 _judge_vit),
+        ),
+        hidden=(
+            Case("a batch of one, two blocks", lambda g: _vit_inputs(g, batch=(1, 1), layers=(2, 2)), "module_forward",
+                 _judge_vit),
+            Case("grey images (one channel)", lambda g: _vit_inputs(g, channels=1), "module_forward", _judge_vit),
+            Case("images of another size", lambda g: _vit_inputs(g, wrong_size=True), "module_forward_or_error",
+                 _judge_vit_wrong_size),
+        ),
+    ),
+    "vit_parameter_count": Check(
+        name="vit_parameter_count",
+        visible=(
+            Case("ViT-B/16 has as many parameters as torchvision's vit_b_16", lambda g: _count_inputs(g, kind="b16"),
+                 "call", _judge_count),
+            Case("a small ViT", lambda g: _count_inputs(g, kind="small"), "call", _judge_count),
+        ),
+        hidden=(
+            Case("ViT-B/32, L/16, H/14, Ti/16 and B/16 at 384 px", lambda g: _count_inputs(g, kind="named"), "call",
+                 _judge_count),
+            Case("1 to 4 input channels", lambda g: _count_inputs(g, kind="channels"), "call", _judge_count),
+            Case("image_size not divisible by patch_size", lambda g: _count_bad_inputs(g, what="patch_size"),
+                 "call_or_error", lambda i, o: _judge_count_bad(i, o, argument="patch_size")),
+            Case("d_model not divisible by n_heads", lambda g: _count_bad_inputs(g, what="n_heads"), "call_or_error",
+                 lambda i, o: _judge_count_bad(i, o, argument="n_heads")),
+        ),
+        # Building the model and counting its tensors is the reference, not the exercise: a formula needs neither.
+        forbidden=("empty*", "numel"),
+    ),
+    "interpolate_position_embeddings": Check(
+        name="interpolate_position_embeddings",
+        visible=(
+            Case("a larger grid equals torchvision's interpolate_embeddings", _interp_inputs, "call", _judge_interp),
+        ),
+        hidden=(
+            Case("a smaller grid", lambda g: _interp_inputs(g, grow=False), "call", _judge_interp),
+            Case("the same grid gives the table back", lambda g: _interp_inputs(g, grow=None), "call", _judge_interp),
+            Case("float64", lambda g: _interp_inputs(g, dtype=torch.float64), "call", _judge_interp),
+            Case("patch positions that are not a square grid", _interp_bad_inputs, "call_or_error", _judge_interp_bad),
+        ),
+    ),
+}
+
+
+def run(name: str, obj: Any, *, level: str = "visible", seed: int = 0) -> None:
+    """Check the learner's ``obj`` for exercise ``name``; raises CheckFailed with a hint when wrong."""
+    core.run(__name__, name, obj, level=level, seed=seed)
+
+
+__all__ = ["CHECKS", "run", "CheckFailed"]
