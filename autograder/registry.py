@@ -144,6 +144,20 @@ CHAPTERS: tuple[Chapter, ...] = (
             Exercise("alibi_bias", 2, "solutions.positional:alibi_bias"),
         ),
     ),
+    Chapter(
+        id="06_kv_cache_inference",
+        title="KV-cache inference",
+        checks="autograder.checks.kv_cache",
+        answers=("solutions.gpt",),
+        exercises=(
+            Exercise("KVCache", 2, "solutions.gpt:KVCache"),
+            Exercise("CausalSelfAttention", 2, "solutions.gpt:CausalSelfAttention"),
+            Exercise("GPT", 2, "solutions.gpt:GPT"),
+            Exercise("sample_next_token", 3, "solutions.gpt:sample_next_token"),
+            Exercise("generate", 2, "solutions.gpt:generate"),
+            Exercise("kv_cache_bytes", 1, "solutions.gpt:kv_cache_bytes"),
+        ),
+    ),
 )
 
 
