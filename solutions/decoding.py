@@ -1,8 +1,11 @@
 """Chapter 4 — decoding: greedy and beam search.
 
 At inference the decoder feeds on its own outputs, one token at a time. The
-source is encoded once; each step re-runs the decoder on the prefix (short
-sequences here, so no KV cache — chapter 6 adds one).
+source is encoded once. With ``use_cache=True`` (the default) a
+:class:`~solutions.transformer.DecoderCache` keeps each layer's self-attention
+keys/values of the tokens so far and the cross-attention keys/values of the
+source, so a step only feeds the newest token; ``use_cache=False`` re-runs the
+decoder on the whole prefix at every step. Both give the same tokens.
 
 Greedy takes the most likely token at each step. Beam search keeps the
 ``beam_size`` best prefixes by total log-probability and, at the end, picks
@@ -14,13 +17,19 @@ larger values favour longer outputs).
 from __future__ import annotations
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 
-def _check(model: nn.Module, src: Tensor, max_len: int, bos_id: int, eos_id: int) -> None:
+def _check_decoding_args(model: nn.Module, src: Tensor, max_len: int, bos_id: int, eos_id: int,
+                         use_cache: bool) -> None:
     if not (hasattr(model, "encode") and hasattr(model, "decode")):
         raise ValueError(f"model must have encode(src) and decode(tgt_in, memory, src); got {type(model).__name__}")
+    if not isinstance(use_cache, bool):
+        raise ValueError(f"use_cache must be True or False; got {use_cache!r}")
+    if use_cache and not hasattr(model, "new_cache"):
+        raise ValueError(f"use_cache=True needs model.new_cache(memory, max_len); {type(model).__name__} has none: "
+                         "pass use_cache=False")
     if not isinstance(src, Tensor) or src.dim() != 2 or src.is_floating_point() or src.dtype == torch.bool:
         raise ValueError("src must be a (batch, seq) tensor of integer token ids")
     if src.shape[0] == 0:
@@ -65,19 +74,42 @@ class _EvalMode:
         self.model.train(self.was_training)
 
 
+def next_token_logits(
+    model: nn.Module,
+    tokens: Int[Tensor, "batch seq"],
+    memory: Float[Tensor, "batch seq_k d_model"],
+    src: Int[Tensor, "batch seq_k"],
+    cache=None,
+) -> Float[Tensor, "batch vocab"]:
+    """Logits of the token that follows ``tokens`` (BOS + the tokens chosen so far), for every row.
+
+    With a cache only the tokens it has not seen are fed (one per step); without, the whole prefix.
+    """
+    if cache is None:
+        return model.decode(tokens, memory, src)[:, -1]
+    return model.decode(tokens[:, len(cache) :], memory, src, cache=cache)[:, -1]
+
+
 @torch.inference_mode()
 def greedy_decode(
-    model: nn.Module, src: Int[Tensor, "batch seq_k"], max_len: int, bos_id: int, eos_id: int
+    model: nn.Module,
+    src: Int[Tensor, "batch seq_k"],
+    max_len: int,
+    bos_id: int,
+    eos_id: int,
+    *,
+    use_cache: bool = True,
 ) -> list[list[int]]:
     """The most likely token at each step; per source row the tokens without BOS, up to (not incl.) EOS."""
-    _check(model, src, max_len, bos_id, eos_id)
+    _check_decoding_args(model, src, max_len, bos_id, eos_id, use_cache)
     with _EvalMode(model):
         memory = model.encode(src)
+        cache = model.new_cache(memory, max_len) if use_cache else None
         batch = src.shape[0]
         tokens = src.new_full((batch, 1), bos_id)
         finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
         for _ in range(max_len):
-            next_token = model.decode(tokens, memory, src)[:, -1].argmax(dim=-1)
+            next_token = next_token_logits(model, tokens, memory, src, cache).argmax(dim=-1)
             next_token = next_token.masked_fill(finished, _filler(model, eos_id))
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)
             finished |= next_token == eos_id
@@ -95,9 +127,11 @@ def beam_search(
     bos_id: int,
     eos_id: int,
     length_penalty: float = 0.6,
+    *,
+    use_cache: bool = True,
 ) -> list[list[int]]:
     """Keep the ``beam_size`` best prefixes per source row; return the best by length-normalised score."""
-    _check(model, src, max_len, bos_id, eos_id)
+    _check_decoding_args(model, src, max_len, bos_id, eos_id, use_cache)
     if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive int; got {beam_size!r}")
     if not length_penalty >= 0:
@@ -107,13 +141,14 @@ def beam_search(
         batch, beam = src.shape[0], beam_size
         src_beams = src.repeat_interleave(beam, dim=0)  # row b's beams are rows b·beam … b·beam + beam-1
         memory = model.encode(src).repeat_interleave(beam, dim=0)  # encode once
+        cache = model.new_cache(memory, max_len) if use_cache else None
         tokens = src.new_full((batch * beam, 1), bos_id)
         scores = torch.full((batch, beam), float("-inf"), device=src.device)
         scores[:, 0] = 0.0  # all beams start identical: keep one, or the top-k would repeat it
         finished = torch.zeros(batch, beam, dtype=torch.bool, device=src.device)
         lengths = torch.zeros(batch, beam, device=src.device)  # generated tokens incl. EOS
         for _ in range(max_len):
-            log_probs = model.decode(tokens, memory, src_beams)[:, -1].log_softmax(dim=-1).float()
+            log_probs = next_token_logits(model, tokens, memory, src_beams, cache).log_softmax(dim=-1).float()
             vocab = log_probs.shape[-1]
             log_probs = log_probs.view(batch, beam, vocab)
             # A finished beam has exactly one continuation, the filler, at no cost.
@@ -125,6 +160,8 @@ def beam_search(
             parent, next_token = index // vocab, index % vocab
             rows = (torch.arange(batch, device=src.device)[:, None] * beam + parent).view(-1)
             tokens = torch.cat([tokens[rows], next_token.view(-1, 1)], dim=1)
+            if cache is not None:
+                cache.reorder(rows)  # each beam continues its parent's keys and values
             was_finished = finished.gather(1, parent)
             lengths = lengths.gather(1, parent) + (~was_finished).float()
             finished = was_finished | (next_token == eos_id)

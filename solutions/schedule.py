@@ -14,7 +14,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 
-def _check(d_model: int, warmup: int, factor: float) -> None:
+def _check_noam_args(d_model: int, warmup: int, factor: float) -> None:
     for name, value in (("d_model", d_model), ("warmup", warmup)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int; got {value!r}")
@@ -26,7 +26,7 @@ def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
     """The learning rate at ``step`` (step 0 is taken as 1, so the first update is not zero)."""
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"step must be a non-negative int; got {step!r}")
-    _check(d_model, warmup, factor)
+    _check_noam_args(d_model, warmup, factor)
     step = max(step, 1)
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
@@ -39,7 +39,7 @@ def noam_scheduler(optimizer: Optimizer, d_model: int, warmup: int, factor: floa
     """
     if not isinstance(optimizer, Optimizer):
         raise ValueError(f"optimizer must be a torch.optim.Optimizer; got {type(optimizer).__name__}")
-    _check(d_model, warmup, factor)
+    _check_noam_args(d_model, warmup, factor)
     for i, group in enumerate(optimizer.param_groups):
         lr = group.get("initial_lr", group["lr"])
         if lr != 1.0:

@@ -10,18 +10,24 @@ feed-forward), each sub-layer wrapped in a residual and a LayerNorm:
 
 Training uses teacher forcing: the decoder reads BOS + the true target and
 predicts target + EOS, every position in parallel.
+
+Decoding one token at a time can keep what does not change (:class:`DecoderCache`):
+each decoder layer's self-attention keys and values of the tokens so far, and its
+cross-attention keys and values of the encoder output, computed once per source.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from solutions.attention import padding_mask
+from solutions.attention import attention, padding_mask
 from solutions.multihead import MultiHeadAttention
 from solutions.positional import SinusoidalPositionalEncoding
 
@@ -123,6 +129,116 @@ class EncoderLayer(nn.Module):
         return self.norm2(x + self.dropout2(self.feed_forward(x)))
 
 
+class DecoderCache:
+    """What decoding one token at a time keeps, per decoder layer.
+
+    * self-attention: the keys and values of the target tokens fed so far, in buffers
+      allocated once for ``max_len`` positions and filled in place (``torch.cat`` at every
+      step would copy the whole cache);
+    * cross-attention: the keys and values of the encoder output, computed once per source.
+
+    Made by :meth:`Transformer.new_cache`. ``len(cache)`` is the number of target tokens held;
+    ``reorder(index)`` keeps rows ``index`` (beam search: each beam continues its parent's cache).
+    """
+
+    def __init__(self, cross: list[tuple[Tensor, Tensor]], max_len: int) -> None:
+        if not cross:
+            raise ValueError("cross must hold one (keys, values) pair per decoder layer; got none")
+        if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
+            raise ValueError(f"max_len must be a positive int; got {max_len!r}")
+        batch, kv_heads, _, d_head = cross[0][0].shape
+        shape = (batch, kv_heads, max_len, d_head)
+        self.k = [cross[0][0].new_zeros(shape) for _ in cross]
+        self.v = [cross[0][0].new_zeros(shape) for _ in cross]
+        self.cross = list(cross)
+        self.max_len, self.length = max_len, 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def batch(self) -> int:
+        return self.k[0].shape[0]
+
+    def cross_keys_values(self, layer: int) -> tuple[Tensor, Tensor]:
+        """The encoder output's keys and values for ``layer``'s cross-attention ``(batch, kv_heads, seq_k, d_head)``."""
+        return self.cross[layer]
+
+    def write(
+        self,
+        layer: int,
+        k: Float[Tensor, "batch kv_heads seq d_head"],
+        v: Float[Tensor, "batch kv_heads seq d_head"],
+    ) -> tuple[Float[Tensor, "batch kv_heads seq_k d_head"], Float[Tensor, "batch kv_heads seq_k d_head"]]:
+        """Store the new self-attention keys/values after the held ones; return all of them (held + new).
+
+        The length only advances in :meth:`advance`, once every layer has written.
+        """
+        end = self.length + k.shape[-2]
+        if end > self.max_len:
+            raise ValueError(
+                f"the cache holds {self.length} tokens and was made for max_len={self.max_len}; "
+                f"{k.shape[-2]} more do not fit: make it with a larger max_len (Transformer.new_cache)"
+            )
+        self.k[layer][:, :, self.length : end] = k
+        self.v[layer][:, :, self.length : end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def advance(self, n_tokens: int) -> None:
+        self.length += n_tokens
+
+    def reorder(self, index: Int[Tensor, "rows"]) -> None:
+        """Keep rows ``index`` of everything held (rows may repeat): row i becomes old row ``index[i]``."""
+        if index.dim() != 1 or index.is_floating_point() or index.dtype == torch.bool:
+            raise ValueError(f"index must be a 1-D tensor of row numbers; got shape {tuple(index.shape)}, "
+                             f"dtype {index.dtype}")
+        self.k = [t.index_select(0, index) for t in self.k]
+        self.v = [t.index_select(0, index) for t in self.v]
+        self.cross = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross]
+
+
+class CachedAttention(MultiHeadAttention):
+    """The multi-head attention of chapter 2, able to decode one token at a time with a :class:`DecoderCache`.
+
+    Without a cache it is ``MultiHeadAttention``. With one, self-attention appends the new
+    tokens' keys and values to the cache and attends over all of them; cross-attention
+    (``context`` given) reuses the encoder output's keys and values held by the cache.
+    """
+
+    def keys_values(
+        self, context: Float[Tensor, "batch seq_k d_model"]
+    ) -> tuple[Float[Tensor, "batch kv_heads seq_k d_head"], Float[Tensor, "batch kv_heads seq_k d_head"]]:
+        """The keys and values of ``context`` (the K/V rows of ``in_proj``): what a cache keeps."""
+        bias = None if self.in_proj.bias is None else self.in_proj.bias[self.d_model :]
+        k, v = F.linear(context, self.in_proj.weight[self.d_model :], bias).split(self.n_kv_heads * self.d_head, dim=-1)
+        return self.split_heads(k), self.split_heads(v)
+
+    def forward(
+        self,
+        x: Float[Tensor, "batch seq_q d_model"],
+        context: Float[Tensor, "batch seq_k d_model"] | None = None,
+        mask: Bool[Tensor, "... seq_q seq_k"] | None = None,
+        *,
+        is_causal: bool = False,
+        cache: DecoderCache | None = None,
+        layer: int = 0,
+    ) -> Float[Tensor, "batch seq_q d_model"]:
+        """As ``MultiHeadAttention.forward``; with ``cache``, ``x`` holds only the new tokens (``layer`` = which layer)."""
+        if cache is None:
+            return super().forward(x, context, mask, is_causal=is_causal)
+        if context is None:
+            q, k, v = self.project_qkv(x)
+            k, v = cache.write(layer, k, v)
+        else:
+            bias = None if self.in_proj.bias is None else self.in_proj.bias[: self.d_model]
+            q = self.split_heads(F.linear(x, self.in_proj.weight[: self.d_model], bias))
+            k, v = cache.cross_keys_values(layer)
+        # is_causal is aligned to the end: the new queries see the cached prefix and themselves.
+        dropout_p = self.dropout if self.training else 0.0
+        out = attention(q, k, v, mask, is_causal=is_causal, dropout_p=dropout_p, backend=self.backend)
+        return self.out_proj(self.merge_heads(out))
+
+
 class DecoderLayer(nn.Module):
     """Causal self-attention, cross-attention to the encoder output (Q from here, K/V from memory), feed-forward."""
 
@@ -132,8 +248,8 @@ class DecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
+        self.self_attn = CachedAttention(d_model, n_heads, dropout=dropout)
+        self.cross_attn = CachedAttention(d_model, n_heads, dropout=dropout)
         self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -142,35 +258,26 @@ class DecoderLayer(nn.Module):
         self.dropout2 = nn.Dropout(dropout)
         self.dropout3 = nn.Dropout(dropout)
 
-    def _self_attention_block(self, x: Tensor) -> Tensor:
-        # Target padding sits after the real tokens, so the causal mask already hides it.
-        if self.norm_first:
-            return x + self.dropout1(self.self_attn(self.norm1(x), is_causal=True))
-        return self.norm1(x + self.dropout1(self.self_attn(x, is_causal=True)))
-
     def forward(
         self,
         x: Float[Tensor, "batch seq_q d_model"],
         memory: Float[Tensor, "batch seq_k d_model"],
         memory_mask: Bool[Tensor, "... seq_q seq_k"] | None = None,
+        cache: DecoderCache | None = None,
+        layer: int = 0,
     ) -> Float[Tensor, "batch seq_q d_model"]:
-        x = self._self_attention_block(x)
-        if self.norm_first:
-            x = x + self.dropout2(self.cross_attn(self.norm2(x), memory, memory_mask))
-            return x + self.dropout3(self.feed_forward(self.norm3(x)))
-        x = self.norm2(x + self.dropout2(self.cross_attn(x, memory, memory_mask)))
-        return self.norm3(x + self.dropout3(self.feed_forward(x)))
+        """``x`` after the three sub-layers; ``memory_mask`` is True where a source key is a real token.
 
-    def cross_attention_weights(
-        self,
-        x: Float[Tensor, "batch seq_q d_model"],
-        memory: Float[Tensor, "batch seq_k d_model"],
-        memory_mask: Bool[Tensor, "... seq_q seq_k"] | None = None,
-    ) -> Float[Tensor, "batch heads seq_q seq_k"]:
-        """The cross-attention maps this layer's forward pass uses on ``x`` (no dropout)."""
-        x = self._self_attention_block(x)
-        query = self.norm2(x) if self.norm_first else x
-        return self.cross_attn.attention_weights(query, memory, memory_mask)
+        ``cache`` and ``layer`` are for decoding one token at a time: pass them on to both attentions.
+        """
+        # Target padding sits after the real tokens, so the causal mask already hides it.
+        if self.norm_first:
+            x = x + self.dropout1(self.self_attn(self.norm1(x), is_causal=True, cache=cache, layer=layer))
+            x = x + self.dropout2(self.cross_attn(self.norm2(x), memory, memory_mask, cache=cache, layer=layer))
+            return x + self.dropout3(self.feed_forward(self.norm3(x)))
+        x = self.norm1(x + self.dropout1(self.self_attn(x, is_causal=True, cache=cache, layer=layer)))
+        x = self.norm2(x + self.dropout2(self.cross_attn(x, memory, memory_mask, cache=cache, layer=layer)))
+        return self.norm3(x + self.dropout3(self.feed_forward(x)))
 
 
 class Transformer(nn.Module):
@@ -234,26 +341,51 @@ class Transformer(nn.Module):
             x = layer(x, mask)
         return self.encoder_norm(x)
 
-    def _decoder_input(self, tgt_in: Tensor) -> Tensor:
+    def _decoder_input(self, tgt_in: Tensor, start_pos: int = 0) -> Tensor:
         self._check_tokens("tgt_in", tgt_in, self.config.tgt_vocab)
-        return self.positional(self.tgt_embed(tgt_in) * math.sqrt(self.config.d_model))
+        return self.positional(self.tgt_embed(tgt_in) * math.sqrt(self.config.d_model), start_pos)
+
+    def new_cache(self, memory: Float[Tensor, "batch seq_k d_model"], max_len: int | None = None) -> DecoderCache:
+        """An empty :class:`DecoderCache` for ``max_len`` target tokens (default ``config.max_len``).
+
+        Each decoder layer's cross-attention keys and values of ``memory`` are computed here, once.
+        """
+        max_len = self.config.max_len if max_len is None else max_len
+        if not isinstance(max_len, int) or isinstance(max_len, bool) or not 1 <= max_len <= self.config.max_len:
+            raise ValueError(f"max_len must be an int in [1, {self.config.max_len}] (the model's max_len); "
+                             f"got {max_len!r}")
+        if memory.dim() != 3 or memory.shape[-1] != self.config.d_model:
+            raise ValueError(f"memory must be (batch, seq_k, d_model={self.config.d_model}), the output of encode; "
+                             f"got shape {tuple(memory.shape)}")
+        return DecoderCache([layer.cross_attn.keys_values(memory) for layer in self.decoder_layers], max_len)
 
     def decode(
         self,
         tgt_in: Int[Tensor, "batch seq_q"],
         memory: Float[Tensor, "batch seq_k d_model"],
         src: Int[Tensor, "batch seq_k"],
+        cache: DecoderCache | None = None,
     ) -> Float[Tensor, "batch seq_q vocab"]:
-        """Next-token logits at every target position; ``src`` gives the padding mask of ``memory``."""
+        """Next-token logits at every target position; ``src`` gives the padding mask of ``memory``.
+
+        With a ``cache`` (from :meth:`new_cache`), ``tgt_in`` holds only the tokens the cache has
+        not seen: they are placed at positions ``len(cache)…`` and the cache is extended in place,
+        so decoding in chunks gives the logits of one full pass.
+        """
         if memory.shape[:2] != src.shape[:2]:
             raise ValueError(
                 f"memory {tuple(memory.shape)} and src {tuple(src.shape)} must agree on (batch, seq_k); "
                 "pass the src that was encoded"
             )
+        if cache is not None and cache.batch != tgt_in.shape[0]:
+            raise ValueError(f"the cache holds {cache.batch} rows but tgt_in has {tgt_in.shape[0]}; "
+                             "make the cache from this batch's memory (new_cache)")
         mask = self.source_mask(src)
-        x = self._decoder_input(tgt_in)
-        for layer in self.decoder_layers:
-            x = layer(x, memory, mask)
+        x = self._decoder_input(tgt_in, 0 if cache is None else len(cache))
+        for i, layer in enumerate(self.decoder_layers):
+            x = layer(x, memory, mask, cache=cache, layer=i)
+        if cache is not None:
+            cache.advance(tgt_in.shape[1])
         return self.generator(self.decoder_norm(x))
 
     def forward(
@@ -266,13 +398,19 @@ class Transformer(nn.Module):
         self, src: Int[Tensor, "batch seq_k"], tgt_in: Int[Tensor, "batch seq_q"]
     ) -> Float[Tensor, "layers batch heads seq_q seq_k"]:
         """Per decoder layer and head, how much each target position attends to each source token."""
-        memory = self.encode(src)
-        mask = self.source_mask(src)
-        x = self._decoder_input(tgt_in)
         maps = []
-        for layer in self.decoder_layers:
-            maps.append(layer.cross_attention_weights(x, memory, mask))
-            x = layer(x, memory, mask)
+
+        def record(module: CachedAttention, args: tuple, kwargs: dict) -> None:
+            # The maps of exactly the query, memory and mask this cross-attention is called with.
+            call = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+            maps.append(module.attention_weights(call["x"], call.get("context"), call.get("mask")))
+
+        hooks = [layer.cross_attn.register_forward_pre_hook(record, with_kwargs=True) for layer in self.decoder_layers]
+        try:
+            self(src, tgt_in)
+        finally:
+            for hook in hooks:
+                hook.remove()
         return torch.stack(maps)
 
     def num_parameters(self) -> int:
@@ -314,5 +452,6 @@ def teacher_forcing(
 
 
 __all__ = [
-    "TransformerConfig", "FeedForward", "EncoderLayer", "DecoderLayer", "Transformer", "teacher_forcing",
+    "TransformerConfig", "FeedForward", "EncoderLayer", "DecoderCache", "CachedAttention", "DecoderLayer",
+    "Transformer", "teacher_forcing",
 ]

@@ -1,4 +1,5 @@
-"""solutions.decoding: greedy against a one-row-at-a-time reference, beam search against exhaustive search."""
+"""solutions.decoding: greedy against a one-row-at-a-time reference, beam search against exhaustive search,
+and the decoder cache (use_cache=True) against recomputation."""
 
 from __future__ import annotations
 
@@ -89,16 +90,70 @@ def test_beam_search_with_full_beam_is_exhaustive(seed, alpha):
     assert got == [exhaustive_best(model, row[row != 0], vocab, max_len, alpha) for row in src]
 
 
-def test_decoding_encodes_once_and_restores_training_mode():
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_decoding_encodes_once_and_restores_training_mode(use_cache):
     model, src = random_model(0), random_sources(0, 5)
     calls = []
     original = model.encode
     model.encode = lambda s: (calls.append(s.shape), original(s))[1]  # type: ignore[method-assign]
     model.train()
-    greedy_decode(model, src, 6, BOS, EOS)
-    beam_search(model, src, 3, 6, BOS, EOS)
+    greedy_decode(model, src, 6, BOS, EOS, use_cache=use_cache)
+    beam_search(model, src, 3, 6, BOS, EOS, use_cache=use_cache)
     assert calls == [src.shape, src.shape]
     assert model.training
+
+
+# --- the decoder cache: same tokens, less work ------------------------------------------------------
+
+
+# Seeds whose random models stop rows at varied steps (asserted below, so a change of RNG cannot hide it).
+@pytest.mark.parametrize("seed", [1, 4, 8, 9])
+def test_greedy_decode_identical_with_and_without_cache(seed):
+    model, src = random_model(seed, eos_bias=1.0), random_sources(200 + seed, 16)
+    cached = greedy_decode(model, src, 12, BOS, EOS, use_cache=True)
+    assert cached == greedy_decode(model, src, 12, BOS, EOS, use_cache=False)
+    assert len({len(row) for row in cached}) > 2  # rows stop at different times
+    assert (src == 0).any()  # and the batch has source padding
+
+
+@pytest.mark.parametrize("seed, beam, alpha", [(1, 2, 0.6), (4, 4, 0.0), (8, 5, 1.0), (9, 3, 0.6)])
+def test_beam_search_identical_with_and_without_cache(seed, beam, alpha):
+    model, src = random_model(seed, eos_bias=1.0), random_sources(300 + seed, 12)
+    cached = beam_search(model, src, beam, 12, BOS, EOS, length_penalty=alpha, use_cache=True)
+    assert cached == beam_search(model, src, beam, 12, BOS, EOS, length_penalty=alpha, use_cache=False)
+    assert len({len(row) for row in cached}) > 2
+
+
+def count_calls(obj, name: str) -> list:
+    """Wrap ``obj.name`` so that every call is recorded; returns the list of calls."""
+    calls, original = [], getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    setattr(obj, name, wrapper)
+    return calls
+
+
+@pytest.mark.parametrize("decode", ["greedy", "beam"])
+def test_decoding_cross_attention_keys_values_computed_once_per_source(decode):
+    model, src = random_model(0, eos_bias=-100.0), random_sources(0, 4)  # never stops early: 8 steps
+    calls = [count_calls(layer.cross_attn, "keys_values") for layer in model.decoder_layers]
+    fed = []
+    original_decode = model.decode
+    model.decode = lambda tgt_in, *a, **k: (fed.append(tgt_in.shape[1]), original_decode(tgt_in, *a, **k))[1]
+    if decode == "greedy":
+        greedy_decode(model, src, 8, BOS, EOS)
+    else:
+        beam_search(model, src, 3, 8, BOS, EOS)
+    assert [len(c) for c in calls] == [1] * len(model.decoder_layers)  # once, not once per step
+    assert fed == [1] * 8  # each step feeds only the newest token
+    fed.clear()
+    for c in calls:
+        c.clear()
+    greedy_decode(model, src, 8, BOS, EOS, use_cache=False)
+    assert fed == list(range(1, 9)) and all(not c for c in calls)  # recomputation feeds the whole prefix
 
 
 def test_decoding_stops_at_max_len():
@@ -117,6 +172,7 @@ def test_decoding_stops_at_max_len():
     (dict(src=torch.randn(2, 3)), "src"),
     (dict(src=torch.ones(3, dtype=torch.long)), "src"),
     (dict(model=torch.nn.Linear(2, 2)), "model"),
+    (dict(use_cache=1), "use_cache"),
 ])
 def test_decoding_rejects_bad_arguments(fn, kwargs, name):
     args = dict(model=random_model(0), src=random_sources(0, 2), max_len=5, bos_id=BOS, eos_id=EOS)

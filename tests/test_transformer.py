@@ -272,3 +272,59 @@ def test_teacher_forcing_rejects_bad_input():
         teacher_forcing(torch.tensor([3.0, 4.0]), 1, 2, 0)
     with pytest.raises(ValueError, match="bos_id"):
         teacher_forcing(torch.tensor([[3, 4]]), 1.0, 2, 0)  # type: ignore[arg-type]
+
+
+# --- the decoder cache ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("chunks", [(1,) * 7, (3, 1, 2, 1), (7,)])
+def test_transformer_chunked_decode_with_cache_equals_full_pass(norm_first, chunks):
+    torch.manual_seed(len(chunks))
+    model = Transformer(small_config(norm_first=norm_first)).eval()
+    src = torch.randint(1, 23, (3, 6))
+    src[1, 4:] = 0
+    tgt_in = torch.randint(1, 19, (3, sum(chunks)))
+    memory = model.encode(src)
+    full = model.decode(tgt_in, memory, src)
+    cache = model.new_cache(memory)
+    parts, start = [], 0
+    for size in chunks:
+        parts.append(model.decode(tgt_in[:, start : start + size], memory, src, cache=cache))
+        start += size
+        assert len(cache) == start
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-4)
+
+
+def test_transformer_cache_reorder_follows_rows():
+    """After reorder(index), row i continues as old row index[i] would have."""
+    torch.manual_seed(5)
+    model = Transformer(small_config()).eval()
+    src = torch.randint(1, 23, (3, 5))
+    tgt_in = torch.randint(1, 19, (3, 4))
+    memory = model.encode(src)
+    cache = model.new_cache(memory)
+    model.decode(tgt_in[:, :3], memory, src, cache=cache)
+    index = torch.tensor([2, 0, 0])
+    cache.reorder(index)
+    step = model.decode(tgt_in[index, 3:], memory[index], src[index], cache=cache)
+    full = model.decode(tgt_in[index], memory[index], src[index])
+    torch.testing.assert_close(step[:, 0], full[:, -1], atol=1e-5, rtol=1e-4)
+
+
+def test_transformer_cache_refuses_what_does_not_fit():
+    model = Transformer(small_config()).eval()
+    src = torch.randint(1, 23, (2, 5))
+    memory = model.encode(src)
+    cache = model.new_cache(memory, max_len=4)
+    model.decode(torch.ones(2, 3, dtype=torch.long), memory, src, cache=cache)
+    with pytest.raises(ValueError, match="max_len"):
+        model.decode(torch.ones(2, 2, dtype=torch.long), memory, src, cache=cache)
+    with pytest.raises(ValueError, match="rows"):
+        model.decode(torch.ones(3, 1, dtype=torch.long), memory, src, cache=model.new_cache(memory))
+    with pytest.raises(ValueError, match="max_len"):
+        model.new_cache(memory, max_len=65)
+    with pytest.raises(ValueError, match="memory"):
+        model.new_cache(torch.randn(2, 5, 8))
+    with pytest.raises(ValueError, match="index"):
+        model.new_cache(memory).reorder(torch.tensor([[0, 1]]))
