@@ -14,6 +14,11 @@ Positions are learned absolute embeddings (``LearnedPositionalEmbedding``,
 chapter 3), as in GPT-2: a cached step only needs ``start_pos = len(cache)``,
 and the hard context limit ``max_len`` is explicit, so going past it is a clear
 error instead of silent extrapolation.
+
+The next token is chosen from the last position's logits: the argmax (greedy,
+``temperature=0``) or a sample of ``softmax(logits / T)``, optionally restricted
+to the ``top_k`` most likely tokens and then to the smallest set whose
+probability reaches ``top_p`` (nucleus sampling, Holtzman et al. 2020).
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor, nn
@@ -181,6 +185,8 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self, x: Float[Tensor, "batch seq d_model"], cache: KVCache | None = None, layer: int = 0
     ) -> Float[Tensor, "batch seq d_model"]:
+        """The new tokens' outputs; with ``cache``, their keys/values go to layer ``layer`` of it first and the
+        new queries attend to everything it holds (the prefix and themselves)."""
         q = rearrange(self.q_proj(x), "batch seq (heads d_head) -> batch heads seq d_head", heads=self.n_heads)
         k, v = rearrange(
             self.kv_proj(x), "batch seq (two kv_heads d_head) -> two batch kv_heads seq d_head",
