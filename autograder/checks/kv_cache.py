@@ -89,8 +89,9 @@ def _judge_written(returned: Any, expected: Tensor, new: Tensor, held: int, max_
     if held and _same(returned, new, 0.0):
         fail(f"write returns only the new {what}: it must return the held ones followed by the new ones, "
              "so that the new queries attend to the whole prefix")
+    first = slice(0, new.shape[-2])
     if (held and isinstance(returned, Tensor) and returned.shape == expected.shape
-            and torch.equal(returned[:, :, : new.shape[-2]], new) and not torch.equal(expected[:, :, : new.shape[-2]], new)):
+            and torch.equal(returned[:, :, first], new) and not torch.equal(expected[:, :, first], new)):
         fail(f"the new {what} land at position 0, over the first held token: write them after the held ones, "
              "at [length : length + new] (a cache that is overwritten makes the model repeat itself)")
     if not isinstance(returned, Tensor) or tuple(returned.shape) != tuple(expected.shape):
@@ -318,11 +319,11 @@ def _gpt_inputs(kind: str, style: str = "prompt", past: bool = True):
                 else:
                     param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(param.shape[-1]) * 1.5)
         seq, batch = _int(gen, 8, config["max_len"] - 2), _int(gen, 1, 2)
-        kv_heads = config["n_kv_heads"] or config["n_heads"]
+        kv_heads, d_head = config["n_kv_heads"] or config["n_heads"], config["d_model"] // config["n_heads"]
         data = {"config": config, "state": model.state_dict(),
                 "idx": torch.randint(0, config["vocab"], (batch, seq), generator=gen),
                 "chunks": _chunk_sizes(gen, seq, style),
-                "cache": (config["n_layers"], batch, kv_heads, config["max_len"], config["d_model"] // config["n_heads"])}
+                "cache": (config["n_layers"], batch, kv_heads, config["max_len"], d_head)}
         if past:
             data["past"] = torch.randint(0, config["vocab"], (batch, config["max_len"] - seq + _int(gen, 1, 2)),
                                          generator=gen)
@@ -484,8 +485,8 @@ def _judge_bytes(inputs: dict, outputs: dict) -> None:
     for wrong, hint in mistakes:
         if out == wrong and wrong != expected:
             fail(f"{what}: you give {out:,} bytes, expected {expected:,}: {hint}")
-    fail(f"{what}: you give {out:,} bytes, expected {expected:,} = 2 · layers · kv_heads · d_head · seq_len · batch "
-         "· dtype.itemsize")
+    fail(f"{what}: you give {out:,} bytes, expected {expected:,} = "
+         "2 · layers · kv_heads · d_head · seq_len · batch · dtype.itemsize")
 
 
 def _bytes_bad_inputs(gen: torch.Generator) -> dict:

@@ -161,7 +161,8 @@ MUTANTS: list[Mutant] = [
         "Hugging Face's TopKLogitsWarper do).",
         ("        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]\n"
          "        logits = logits.masked_fill(logits < kth, float(\"-inf\"))\n",
-         "        keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, torch.topk(logits, top_k).indices, True)\n"
+         "        top = torch.topk(logits, top_k).indices\n"
+         "        keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, top, True)\n"
          "        logits = logits.masked_fill(~keep, float(\"-inf\"))\n"),
     ),
     _mutant(
