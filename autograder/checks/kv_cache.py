@@ -552,12 +552,12 @@ def _top_p_rows(gen: torch.Generator, rows: Tensor, kwargs: dict) -> tuple[Tenso
 
 
 def _filtered(rows: Tensor, temperature: float, top_k: int | None, top_p: float | None, *,
-              k_offset: int = 0, p_inclusive: bool = False, p_before_temperature: bool = False) -> Tensor:
+              drop_kth: bool = False, p_inclusive: bool = False, p_before_temperature: bool = False) -> Tensor:
     """The sampling distribution (float64), or a known mistake's."""
     logits = rows.double() / temperature
     if top_k is not None:
-        kth = torch.sort(logits, dim=-1, descending=True).values[:, top_k - 1 + k_offset: top_k + k_offset]
-        logits = logits.masked_fill(logits < kth if k_offset == 0 else logits <= kth, float("-inf"))
+        kth = torch.sort(logits, dim=-1, descending=True).values[:, top_k - 1 : top_k]
+        logits = logits.masked_fill(logits <= kth if drop_kth else logits < kth, float("-inf"))
     if top_p is not None:
         source = rows.double() if p_before_temperature else logits
         if p_before_temperature and top_k is not None:
@@ -572,12 +572,17 @@ def _filtered(rows: Tensor, temperature: float, top_k: int | None, top_p: float 
     return torch.softmax(logits, dim=-1)
 
 
-def _consistent(freq: Tensor, probs: Tensor, repeats: int) -> bool:
-    """Whether the frequencies could come from ``probs``: zero where the probability is 0, else within 6 sigma."""
+def _deviation(freq: Tensor, probs: Tensor, repeats: int) -> float:
+    """How far the frequencies are from ``probs``, in units of 6 sigma (+ one sample); inf if a token of
+    probability 0 was drawn. At most 1: the frequencies could come from ``probs``."""
     if bool(((probs == 0) & (freq > 0)).any()):
-        return False
+        return math.inf
     sigma = (probs * (1 - probs) / repeats).sqrt()
-    return bool(((freq - probs).abs() <= 6 * sigma + 1.0 / repeats).all())
+    return float(((freq - probs).abs() / (6 * sigma + 1.0 / repeats)).max())
+
+
+def _consistent(freq: Tensor, probs: Tensor, repeats: int) -> bool:
+    return _deviation(freq, probs, repeats) <= 1.0
 
 
 def _judge_sample(inputs: dict, outputs: dict) -> None:
@@ -605,16 +610,10 @@ def _judge_sample(inputs: dict, outputs: dict) -> None:
     probs = _filtered(distinct, temperature, top_k, top_p)
     if _consistent(freq, probs, repeats):
         return
-    mistakes = [
-        (_filtered(distinct, 1.0, top_k, top_p),
-         f"the temperature ({temperature}) has no effect: divide the LOGITS by it before the softmax (probabilities "
-         "divided by T after the softmax are renormalised and T cancels out)"),
-        (_filtered(distinct * temperature ** 2, temperature, top_k, top_p),
-         "you multiply by the temperature: divide the logits by it (T < 1 sharpens, T > 1 flattens)"),
-    ]
+    mistakes = []  # the filters' mistakes first: when two candidates coincide, the more specific hint wins
     if top_k is not None:
         mistakes += [
-            (_filtered(distinct, temperature, top_k, top_p, k_offset=-1) if top_k > 1 else probs,
+            (_filtered(distinct, temperature, top_k, top_p, drop_kth=True) if top_k > 1 else probs,
              f"top_k={top_k} keeps {top_k - 1} tokens: keep the logits >= the k-th largest (mask with <, not <=)"),
             (_filtered(distinct, temperature, None, top_p), f"top_k={top_k} has no effect: keep only the k most "
                                                             "likely tokens (mask the others with -inf)"),
@@ -629,9 +628,26 @@ def _judge_sample(inputs: dict, outputs: dict) -> None:
             (_filtered(distinct, temperature, top_k, None), f"top_p={top_p} has no effect: keep only the smallest "
                                                             "set of most likely tokens whose probability reaches p"),
         ]
-    for candidate, hint in mistakes:
-        if not torch.allclose(candidate, probs, atol=0.02) and _consistent(freq, candidate, repeats):
-            fail(hint)
+    mistakes += [
+        (_filtered(distinct, 1.0, top_k, top_p),
+         f"the temperature ({temperature}) has no effect: divide the LOGITS by it before the softmax (probabilities "
+         "divided by T after the softmax are renormalised and T cancels out)"),
+        (_filtered(distinct * temperature ** 2, temperature, top_k, top_p),
+         "you multiply by the temperature: divide the logits by it (T < 1 sharpens, T > 1 flattens)"),
+    ]
+    matching = [(_deviation(freq, candidate, repeats), hint) for candidate, hint in mistakes
+                if not torch.allclose(candidate, probs, atol=0.02)]
+    matching = [(deviation, hint) for deviation, hint in matching if deviation <= 1.0]
+    if matching:  # the known mistakes that fit the draws, best first (on ties the more specific)
+        ranked = [hint for _, hint in sorted(matching, key=lambda m: m[0])]
+        fail(ranked[0] + (f" (or: {ranked[1]})" if len(ranked) > 1 else ""))
+    if top_k is not None:
+        kth = torch.sort(distinct, dim=-1, descending=True).values[:, top_k - 1 : top_k]
+        tied = (distinct == kth) & ((distinct == kth).sum(dim=-1, keepdim=True) > 1)
+        if bool((tied & (freq == 0) & (probs > 0.01)).any()):
+            fail(f"top_k={top_k}: a token tied with the k-th largest logit was never drawn; keep every logit >= the "
+                 "k-th largest (mask with logits < kth), not exactly k indices from torch.topk, which drops one of "
+                 "two equally likely tokens by its position in the vocabulary")
     if bool(((probs == 0) & (freq > 0)).any()):
         row, token = [int(i) for i in ((probs == 0) & (freq > 0)).nonzero()[0]]
         fail(f"token {token} was sampled although {kwargs} excludes it (its logit is {distinct[row, token]:.3f}; "
