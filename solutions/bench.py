@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         bench_decoder_cache(table, sentences=20, repeats=1)
     else:
         bench_cache(table, [128, 256, 512, 1024], 3)
-        bench_decoder_cache(table, sentences=200, repeats=3, long_outputs=64)
+        bench_decoder_cache(table, sentences=100, repeats=3, long_outputs=64)
     if args.quick or args.skip_training:
         print("\n## 3. training: skipped (--quick or --skip-training)")
     else:
