@@ -176,6 +176,20 @@ CHAPTERS: tuple[Chapter, ...] = (
             Exercise("interpolate_position_embeddings", 3, "solutions.vit:interpolate_position_embeddings"),
         ),
     ),
+    Chapter(
+        id="06_kv_cache_inference",
+        title="KV-cache inference",
+        checks="autograder.checks.kv_cache",
+        answers=("solutions.gpt",),
+        exercises=(
+            Exercise("KVCache", 2, "solutions.gpt:KVCache"),
+            Exercise("CausalSelfAttention", 2, "solutions.gpt:CausalSelfAttention"),
+            Exercise("GPT", 2, "solutions.gpt:GPT"),
+            Exercise("sample_next_token", 3, "solutions.gpt:sample_next_token"),
+            Exercise("generate", 2, "solutions.gpt:generate"),
+            Exercise("kv_cache_bytes", 1, "solutions.gpt:kv_cache_bytes"),
+        ),
+    ),
 )
 
 

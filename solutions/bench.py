@@ -16,6 +16,9 @@
 2. KV cache: greedy generation with the cache vs recomputing the whole prefix at
    each step, for 128…1024 new tokens, on a fixed model; the cache's bytes for
    MHA, GQA and MQA; and the preallocated cache vs one grown by ``torch.cat``.
+   Then the encoder-decoder (chapter 4's model at the translation trainer's default
+   sizes): greedy and beam decoding of test sentences in one batch, with and without
+   the decoder cache, checked to give identical outputs.
 3. Training: each ``python -m solutions.train TASK --quiet`` run as a subprocess,
    timed, its held-out metric read from ``--metrics-json``.
 """
@@ -38,12 +41,17 @@ import torch
 import torch.nn.functional as F
 
 from solutions.attention import attention
+from solutions.data.translation import Vocab, load_numbers, pad_batch
+from solutions.decoding import beam_search, greedy_decode
 from solutions.gpt import GPT, GPTConfig, KVCache, generate, kv_cache_bytes
+from solutions.transformer import Transformer, TransformerConfig
 
 HEADS, D_HEAD = 8, 64
 IMPLS = ("einsum", "sdpa", "auto", "torch_sdpa", "plain")
 # The model of section 2: the size of the chapter's char-level model, with room for 1,024 new tokens.
 CACHE_MODEL = dict(vocab=128, max_len=1024 + 16, d_model=128, n_heads=8, n_layers=4)
+# The encoder-decoder of section 2: the default sizes of `python -m solutions.train translate`.
+TRANSLATION_MODEL = dict(d_model=64, n_heads=4, n_layers=2, d_ff=128, dropout=0.1)
 TRAININGS = {  # task: (metric, target, seconds) from COURSE.md; gpt's target is its unigram baseline
     "translate": ("exact_match", 0.95, 180.0),
     "vit": ("accuracy", 0.97, 120.0),
@@ -238,6 +246,45 @@ def bench_cache(table: Table, lengths: list[int], repeats: int, d_model: int | N
                   f"MHA / {c.n_heads // kv}", None, kv_heads=kv, bytes=size)
 
 
+def bench_decoder_cache(table: Table, sentences: int, repeats: int, long_outputs: int | None = None) -> None:
+    """Greedy and beam decoding of ``sentences`` test sources in one batch, with and without the decoder cache, up
+    to the longest reference + 2 tokens and (optionally) up to ``long_outputs``. Random weights: no row emits EOS,
+    so every output runs to the length asked, the same number of steps on both paths."""
+    data = load_numbers(n_test=sentences)
+    max_src, max_tgt = data.max_lengths()
+    lengths = [max_tgt + 2] + ([long_outputs] if long_outputs else [])
+    config = TransformerConfig(src_vocab=len(data.src_vocab), tgt_vocab=len(data.tgt_vocab),
+                               max_len=max(max_src, max(lengths)) + 1, pad_id=Vocab.pad_id, **TRANSLATION_MODEL)
+    torch.manual_seed(0)
+    model = Transformer(config).eval()
+    src = pad_batch([data.src_vocab.encode(s) for s, _ in data.test])
+    print(f"\n## 2b. encoder-decoder cache: {sentences} test sentences in one batch (longest reference {max_tgt} "
+          f"tokens), chapter 4's model {TRANSLATION_MODEL}, random weights; median of {repeats}")
+    for n in lengths:
+        decoders = {
+            "greedy": lambda use_cache: greedy_decode(model, src, n, Vocab.bos_id, Vocab.eos_id, use_cache=use_cache),
+            "beam 4": lambda use_cache: beam_search(model, src, 4, n, Vocab.bos_id, Vocab.eos_id,
+                                                    use_cache=use_cache),
+        }
+        for name, decode in decoders.items():
+            outputs = {use_cache: decode(use_cache) for use_cache in (True, False)}  # also the warm-up
+            same = outputs[True] == outputs[False]
+            seconds = {}
+            for use_cache in (True, False):
+                times = []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    decode(use_cache)
+                    times.append(time.perf_counter() - start)
+                seconds[use_cache] = statistics.median(times)
+            ratio = seconds[False] / seconds[True]
+            mean_len = statistics.mean(len(o) for o in outputs[True])
+            table.add("enc-dec", f"{name}, {mean_len:.0f} tokens per sentence",
+                      f"{seconds[True]:6.2f} s vs {seconds[False]:6.2f} s = {ratio:5.1f}x",
+                      "identical outputs", same, decoder=name, max_tokens=n, identical=same,
+                      cached_s=seconds[True], recompute_s=seconds[False], speedup=ratio)
+
+
 def bench_training(table: Table, timeout: float) -> None:
     print("\n## 3. training to target: python -m solutions.train TASK --quiet")
     for task, (metric, target, budget) in TRAININGS.items():
@@ -296,8 +343,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     bench_attention(table, seqs, repeats, memory=not args.no_memory and not args.quick)
     if args.quick:
         bench_cache(table, [16, 32], 1, d_model=32)
+        bench_decoder_cache(table, sentences=20, repeats=1)
     else:
         bench_cache(table, [128, 256, 512, 1024], 3)
+        bench_decoder_cache(table, sentences=100, repeats=3, long_outputs=64)
     if args.quick or args.skip_training:
         print("\n## 3. training: skipped (--quick or --skip-training)")
     else:

@@ -14,6 +14,11 @@ Positions are learned absolute embeddings (``LearnedPositionalEmbedding``,
 chapter 3), as in GPT-2: a cached step only needs ``start_pos = len(cache)``,
 and the hard context limit ``max_len`` is explicit, so going past it is a clear
 error instead of silent extrapolation.
+
+The next token is chosen from the last position's logits: the argmax (greedy,
+``temperature=0``) or a sample of ``softmax(logits / T)``, optionally restricted
+to the ``top_k`` most likely tokens and then to the smallest set whose
+probability reaches ``top_p`` (nucleus sampling, Holtzman et al. 2020).
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor, nn
@@ -153,6 +157,10 @@ class KVCache:
         The length only advances in :meth:`advance`, once every layer has written.
         """
         end = self.length + k.shape[-2]
+        if end > self.max_len:  # a slice past the buffer would silently come back shorter
+            raise ValueError(
+                f"{self.length} held + {k.shape[-2]} new positions exceed the cache's max_len={self.max_len}"
+            )
         self.k[layer][:, :, self.length : end] = k
         self.v[layer][:, :, self.length : end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
@@ -177,6 +185,8 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self, x: Float[Tensor, "batch seq d_model"], cache: KVCache | None = None, layer: int = 0
     ) -> Float[Tensor, "batch seq d_model"]:
+        """The new tokens' outputs; with ``cache``, their keys/values go to layer ``layer`` of it first and the
+        new queries attend to everything it holds (the prefix and themselves)."""
         q = rearrange(self.q_proj(x), "batch seq (heads d_head) -> batch heads seq d_head", heads=self.n_heads)
         k, v = rearrange(
             self.kv_proj(x), "batch seq (two kv_heads d_head) -> two batch kv_heads seq d_head",
@@ -279,20 +289,48 @@ class GPT(nn.Module):
         return self.lm_head(self.norm(x))
 
 
-def _next_token(
-    logits: Float[Tensor, "batch vocab"], temperature: float, top_k: int | None, generator: torch.Generator | None
+def _check_sampling(vocab: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not (
+        math.isfinite(temperature) and temperature >= 0
+    ):
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy); got {temperature!r}")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= vocab):
+        raise ValueError(f"top_k must be None or an int in 1…vocab={vocab}; got {top_k!r}")
+    if top_p is not None and (
+        not isinstance(top_p, (int, float)) or isinstance(top_p, bool) or not 0.0 < top_p <= 1.0
+    ):
+        raise ValueError(f"top_p must be None or a number in (0, 1] (1 = keep every token); got {top_p!r}")
+
+
+def sample_next_token(
+    logits: Float[Tensor, "batch vocab"],
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
 ) -> Int[Tensor, "batch 1"]:
+    """One token per row: the argmax when ``temperature=0``, else a sample of ``softmax(logits / temperature)``
+    restricted to the ``top_k`` most likely tokens (ties with the k-th kept), then to the smallest set whose
+    probability reaches ``top_p`` (the token that crosses ``top_p`` is kept)."""
+    if not isinstance(logits, Tensor) or logits.dim() != 2 or not logits.is_floating_point():
+        shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(f"logits must be a float tensor of shape (batch, vocab); got {shape}")
+    _check_sampling(logits.shape[-1], temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
+    logits = logits.float() / temperature  # before the softmax: T < 1 sharpens, T > 1 flattens
     if top_k is not None:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)
+    if top_p is not None:
+        sorted_probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability of the more likely tokens
+        drop_sorted = before >= top_p  # the most likely token always stays (before = 0)
+        drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)  # back to vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
 
 
-@torch.inference_mode()
 def generate(
     model: GPT,
     idx: Int[Tensor, "batch seq"],
@@ -301,48 +339,44 @@ def generate(
     use_cache: bool = True,
     temperature: float = 1.0,
     top_k: int | None = None,
+    top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> Int[Tensor, "batch seq_out"]:
-    """``idx`` followed by ``max_new_tokens`` sampled tokens.
+    """``idx`` followed by ``max_new_tokens`` tokens from :func:`sample_next_token` (``temperature=0``: greedy).
 
-    ``temperature=0`` is greedy (argmax); otherwise logits are divided by the
-    temperature and, with ``top_k``, all but the k most likely tokens are dropped.
-    With ``use_cache`` each step feeds only the newest token; without, the whole
-    sequence is recomputed. The model runs in eval mode (no dropout) meanwhile.
+    With ``use_cache`` the prompt is fed once and then each step feeds only the newest
+    token; without, the whole sequence is recomputed at every step. Past the context limit
+    it raises ValueError before generating. The model runs in eval mode (no dropout) and
+    without autograd meanwhile.
     """
     if not isinstance(idx, Tensor) or idx.dim() != 2 or idx.is_floating_point() or idx.shape[1] < 1:
         shape = tuple(idx.shape) if isinstance(idx, Tensor) else type(idx).__name__
         raise ValueError(f"idx must be integer token ids of shape (batch, seq) with seq >= 1; got {shape}")
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative int; got {max_new_tokens!r}")
-    max_len, vocab = model.config.max_len, model.config.vocab
+    _check_sampling(model.config.vocab, temperature, top_k, top_p)
+    max_len = model.config.max_len
     if idx.shape[1] + max_new_tokens > max_len:
         raise ValueError(
             f"prompt length {idx.shape[1]} + max_new_tokens {max_new_tokens} = {idx.shape[1] + max_new_tokens} "
             f"exceeds the context limit max_len={max_len}; ask for at most {max(max_len - idx.shape[1], 0)} new tokens "
             "or shorten the prompt"
         )
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not (
-        math.isfinite(temperature) and temperature >= 0
-    ):
-        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy); got {temperature!r}")
-    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= vocab):
-        raise ValueError(f"top_k must be None or an int in 1…vocab={vocab}; got {top_k!r}")
-
     was_training = model.training
-    model.eval()
+    model.eval()  # no dropout while generating
     try:
-        out = idx
-        if max_new_tokens == 0:
+        with torch.inference_mode():  # no autograd graph: it would grow with every token
+            out = idx
+            if max_new_tokens == 0:
+                return out
+            cache = model.new_cache(idx.shape[0]) if use_cache else None  # a fresh cache for every prompt
+            logits = model(idx, cache)[:, -1]
+            for step in range(max_new_tokens):
+                token = sample_next_token(logits, temperature, top_k, top_p, generator)
+                out = torch.cat((out, token), dim=1)
+                if step + 1 == max_new_tokens:  # the last new token needs no forward pass
+                    break
+                logits = model(token, cache)[:, -1] if use_cache else model(out)[:, -1]
             return out
-        cache = model.new_cache(idx.shape[0]) if use_cache else None
-        logits = model(idx, cache)[:, -1]
-        for step in range(max_new_tokens):
-            token = _next_token(logits, temperature, top_k, generator)
-            out = torch.cat((out, token), dim=1)
-            if step + 1 == max_new_tokens:
-                break
-            logits = model(token, cache)[:, -1] if use_cache else model(out)[:, -1]
-        return out
     finally:
         model.train(was_training)

@@ -47,7 +47,7 @@ def test_bench_quick_prints_table_and_json(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     for needle in ("## 1. attention", "<= 1.10 x SDPA", "<= 1.20 x plain", "## 2. KV cache",
-                   "kv-memory", "MQA", "## 3. training: skipped", "budget(s) missed"):
+                   "kv-memory", "MQA", "## 2b. encoder-decoder cache", "## 3. training: skipped", "budget(s) missed"):
         assert needle in proc.stdout
     rows = json.loads(out_json.read_text())
     impls = {r["impl"] for r in rows if r["section"] == "attention"}
@@ -55,6 +55,9 @@ def test_bench_quick_prints_table_and_json(tmp_path: Path) -> None:
     memory = {r["kv_heads"]: r["bytes"] for r in rows if r["section"] == "kv-memory"}
     assert memory[8] == 8 * memory[1] == 4 * memory[2]
     assert all(r["speedup"] > 0 for r in rows if r["section"] == "kv-cache" and "speedup" in r)
+    decoders = [r for r in rows if r["section"] == "enc-dec"]
+    assert {r["decoder"] for r in decoders} == {"greedy", "beam 4"}
+    assert all(r["identical"] and r["ok"] and r["speedup"] > 0 for r in decoders)
 
 
 def test_bench_memory_case_child_reports_bytes() -> None:
@@ -63,3 +66,14 @@ def test_bench_memory_case_child_reports_bytes() -> None:
     # The 8×1024×1024 float32 scores alone are 32 MiB (well above the peak left by importing torch).
     grown = int(proc.stdout.split()[-1])
     assert grown >= 32 * 2**20, f"peak RSS grew by {grown} bytes; stdout {proc.stdout!r} stderr {proc.stderr[-500:]!r}"
+
+
+def test_bench_decoder_cache_rows_identical_outputs() -> None:
+    from solutions.bench import Table, bench_decoder_cache
+
+    table = Table()
+    bench_decoder_cache(table, sentences=4, repeats=1)
+    rows = [r for r in table.rows if r["section"] == "enc-dec"]
+    assert [r["decoder"] for r in rows] == ["greedy", "beam 4"]
+    assert all(r["identical"] is True and r["ok"] is True for r in rows)
+    assert all(r["max_tokens"] == 13 and r["cached_s"] > 0 and r["recompute_s"] > 0 for r in rows)

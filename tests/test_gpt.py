@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from solutions.attention import causal_mask
-from solutions.gpt import GPT, GPTConfig, KVCache, generate, kv_cache_bytes
+from solutions.gpt import GPT, GPTConfig, KVCache, generate, kv_cache_bytes, sample_next_token
 
 CONFIGS = {
     "mha": dict(n_kv_heads=None),
@@ -219,3 +219,154 @@ def test_gpt_weight_tying_and_cache_batch_check() -> None:
     assert isinstance(model.new_cache(2), KVCache)
     with pytest.raises(ValueError, match="batch"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=model.new_cache(2))
+
+
+def test_causal_self_attention_matches_torch_multihead_attention() -> None:
+    """Independent reference: nn.MultiheadAttention with the same weights and a causal mask."""
+    model = make_model(n_layers=1)
+    attn = model.blocks[0].attn
+    torch_mha = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+    with torch.no_grad():
+        torch_mha.in_proj_weight.copy_(torch.cat((attn.q_proj.weight, attn.kv_proj.weight)))
+        torch_mha.in_proj_bias.copy_(torch.cat((attn.q_proj.bias, attn.kv_proj.bias)))
+        torch_mha.out_proj.weight.copy_(attn.out_proj.weight)
+        torch_mha.out_proj.bias.copy_(attn.out_proj.bias)
+        x = torch.randn(2, 11, 32, generator=torch.Generator().manual_seed(5))
+        future = ~causal_mask(11)  # nn.MultiheadAttention: True = may NOT attend
+        expected, _ = torch_mha(x, x, x, attn_mask=future, need_weights=False)
+        torch.testing.assert_close(attn(x), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n_kv_heads", [2, 1])
+def test_causal_self_attention_gqa_groups_consecutive_heads(n_kv_heads: int) -> None:
+    model = make_model(n_layers=1, n_kv_heads=n_kv_heads)
+    attn = model.blocks[0].attn
+    x = torch.randn(2, 9, 32, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        q = attn.q_proj(x).view(2, 9, 4, 8).transpose(1, 2)
+        k, v = attn.kv_proj(x).view(2, 9, 2, n_kv_heads, 8).permute(2, 0, 3, 1, 4)
+        k, v = k.repeat_interleave(4 // n_kv_heads, dim=1), v.repeat_interleave(4 // n_kv_heads, dim=1)
+        scores = (q @ k.transpose(-2, -1) / 8**0.5).masked_fill(~causal_mask(9), float("-inf"))
+        out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 9, 32)
+        torch.testing.assert_close(attn(x), attn.out_proj(out), atol=1e-5, rtol=1e-5)
+
+
+def test_kv_cache_write_past_max_len_raises_and_keeps_everything() -> None:
+    cache = KVCache(n_layers=2, batch=1, kv_heads=2, max_len=6, d_head=4)
+    k = torch.randn(1, 2, 4, 4)
+    for layer in range(2):
+        cache.write(layer, k, k + 1)
+    cache.advance(4)
+    with pytest.raises(ValueError, match="max_len=6"):
+        cache.write(0, torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))
+    assert len(cache) == 4
+    assert torch.equal(cache.keys(0), k) and torch.equal(cache.values(1), k + 1)
+
+
+def test_kv_cache_write_returns_held_and_new_without_advancing() -> None:
+    cache = KVCache(n_layers=1, batch=2, kv_heads=1, max_len=10, d_head=3)
+    first, second = torch.randn(2, 1, 4, 3), torch.randn(2, 1, 2, 3)
+    cache.write(0, first, -first)
+    cache.advance(4)
+    k, v = cache.write(0, second, -second)
+    assert len(cache) == 4  # only advance moves the length
+    assert torch.equal(k, torch.cat((first, second), dim=2)) and torch.equal(v, -k)
+
+
+def _frequencies(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.bincount(tokens.flatten(), minlength=vocab).double() / tokens.numel()
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Reference top-p by a loop: the most likely tokens, one by one, until their total reaches p."""
+    keep, total = torch.zeros_like(probs, dtype=torch.bool), 0.0
+    for token in probs.argsort(descending=True).tolist():
+        keep[token] = True
+        total += probs[token].item()
+        if total >= top_p:
+            break
+    return keep
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [
+    (1.0, None, None), (0.5, None, None), (2.5, None, None), (1.0, 3, None), (0.7, 4, None),
+    (1.0, None, 0.6), (2.0, None, 0.8), (1.5, 5, 0.7),
+])
+def test_sample_next_token_matches_analytic_distribution(temperature, top_k, top_p) -> None:
+    row = torch.tensor([2.0, 1.2, 0.9, 0.3, -0.4, -1.0, -2.0])
+    n = 40_000
+    tokens = sample_next_token(row.expand(n, -1), temperature, top_k, top_p,
+                               generator=torch.Generator().manual_seed(11))
+    assert tokens.shape == (n, 1) and tokens.dtype == torch.long
+    logits = row.double() / temperature
+    if top_k is not None:
+        logits[logits.argsort(descending=True)[top_k:]] = float("-inf")
+    probs = logits.softmax(-1)
+    if top_p is not None:
+        probs = torch.where(_nucleus(probs, top_p), probs, 0.0)
+        probs = probs / probs.sum()
+    freq = _frequencies(tokens, 7)
+    assert bool((freq[probs == 0] == 0).all()), f"a token outside top-k/top-p was sampled: {freq}"
+    sigma = (probs * (1 - probs) / n).sqrt()
+    assert bool(((freq - probs).abs() <= 5 * sigma + 1e-4).all()), (freq, probs)
+
+
+def test_sample_next_token_temperature_zero_is_argmax_and_ignores_generator() -> None:
+    logits = torch.randn(5, 9, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(sample_next_token(logits, temperature=0), logits.argmax(-1, keepdim=True))
+    assert torch.equal(sample_next_token(logits, 0, top_k=2, top_p=0.1), logits.argmax(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("top_p, kept", [(0.3, {0}), (0.5, {0}), (0.51, {0, 1}), (0.8, {0, 1}), (0.81, {0, 1, 2}),
+                                         (1.0, {0, 1, 2, 3})])
+def test_sample_next_token_top_p_keeps_the_token_that_crosses_p(top_p: float, kept: set) -> None:
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    tokens = sample_next_token(probs.log().expand(4000, -1), top_p=top_p, generator=torch.Generator().manual_seed(0))
+    assert set(tokens.flatten().tolist()) == kept
+
+
+def test_sample_next_token_top_k_keeps_ties_with_the_kth() -> None:
+    logits = torch.tensor([[0.0, 3.0, 1.0, 1.0, -1.0]])
+    tokens = sample_next_token(logits.expand(4000, -1), top_k=2, generator=torch.Generator().manual_seed(0))
+    assert set(tokens.flatten().tolist()) == {1, 2, 3}
+
+
+def test_sample_next_token_uses_only_the_generator() -> None:
+    logits = torch.randn(50, 6, generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(1)
+    a = sample_next_token(logits, 1.3, generator=torch.Generator().manual_seed(9))
+    torch.manual_seed(2)
+    b = sample_next_token(logits, 1.3, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"temperature": -0.1}, "temperature"), ({"top_k": 7}, "top_k"), ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.2}, "top_p"), ({"top_p": True}, "top_p"),
+])
+def test_sample_next_token_rejects_bad_arguments(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        sample_next_token(torch.zeros(2, 6), **kwargs)
+    with pytest.raises(ValueError, match="logits"):
+        sample_next_token(torch.zeros(6))
+
+
+def test_generate_top_p_same_with_and_without_cache_and_rejected_up_front() -> None:
+    model = make_model(5)
+    prompt = torch.randint(0, 37, (2, 4), generator=torch.Generator().manual_seed(5))
+    runs = [generate(model, prompt, 25, temperature=0.9, top_k=10, top_p=0.8,
+                     generator=torch.Generator().manual_seed(2), use_cache=u) for u in (True, False)]
+    assert torch.equal(*runs)
+    calls = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    with pytest.raises(ValueError, match="top_p"):
+        generate(model, prompt, 3, top_p=1.5)
+    assert calls == []
+
+
+def test_generate_runs_without_autograd_and_one_pass_per_token() -> None:
+    model = make_model()
+    seen = []
+    model.register_forward_pre_hook(lambda module, args: seen.append((torch.is_grad_enabled(), args[0].shape[1])))
+    generate(model, torch.zeros(1, 5, dtype=torch.long), 6, temperature=0)
+    assert seen == [(False, 5)] + [(False, 1)] * 5

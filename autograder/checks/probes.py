@@ -314,6 +314,242 @@ def linear_from_conv(obj: Any, inputs: dict) -> dict:
             **{name: value.detach() if isinstance(value, torch.Tensor) else None for name, value in found.items()}}
 
 
+# --- chapter 6 ---
+
+
+def _snapshot(value: Any) -> Any:
+    """A copy of the tensors in ``value``: a view into a cache buffer would change when the cache does."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (list, tuple)):
+        return [_snapshot(v) for v in value]
+    return value
+
+
+def _raised(call) -> dict | None:
+    """None when ``call()`` returns, else its exception as :func:`_error` data (NotImplementedError is re-raised)."""
+    try:
+        call()
+    except NotImplementedError:
+        raise
+    except Exception as err:  # the judge decides whether this error was the expected one
+        return _error(err)
+    return None
+
+
+def kv_cache_steps(obj: Any, inputs: dict) -> dict:
+    """Build the cache ``obj(*init_args)``; for each chunk of ``inputs["chunks"]`` (one ``(k, v)`` per layer) call
+    ``write(layer, k, v)`` for every layer, then ``advance(new tokens)``. Per chunk: what each ``write`` returned
+    and ``len(cache)`` right after it, then ``len(cache)`` and ``keys(layer)`` / ``values(layer)`` after
+    ``advance``. An exception stops the steps (``error``; the steps so far are kept). ``inputs["overflow"]``
+    (optional) is one more ``(k, v)`` written to layer 0 at the end: its error and the length afterwards."""
+    cache = obj(*inputs["init_args"])
+    steps = []
+
+    def drive() -> None:
+        for chunk in inputs["chunks"]:
+            step = {"returned": [], "length_after_write": []}
+            steps.append(step)
+            for layer, (k, v) in enumerate(chunk):
+                step["returned"].append(_snapshot(cache.write(layer, k, v)))
+                step["length_after_write"].append(len(cache))
+            cache.advance(int(chunk[0][0].shape[-2]))
+            step["length"] = len(cache)
+            step["keys"] = [_snapshot(cache.keys(layer)) for layer in range(len(chunk))]
+            step["values"] = [_snapshot(cache.values(layer)) for layer in range(len(chunk))]
+
+    error = _raised(drive)
+    overflow = None
+    if error is None and inputs.get("overflow") is not None:
+        k, v = inputs["overflow"]
+        overflow = {"error": _raised(lambda: cache.write(0, k, v)), "length": len(cache)}
+    return {"steps": steps, "error": error, "overflow": overflow}
+
+
+class _ReferenceCache:
+    """A KV cache that keeps the chapter 6 contract (``len``, ``batch``, ``write``, ``advance``): the learner's
+    attention layer and model are probed with a cache known to work, not with their own."""
+
+    def __init__(self, n_layers: int, batch: int, kv_heads: int, max_len: int, d_head: int) -> None:
+        shape = (batch, kv_heads, max_len, d_head)
+        self.k = [torch.zeros(shape) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape) for _ in range(n_layers)]
+        self.batch, self.max_len, self.length = batch, max_len, 0
+        self.writes: list[list[int]] = []  # [layer, length when written, new tokens] of every write
+
+    def __len__(self) -> int:
+        return self.length
+
+    def keys(self, layer: int) -> torch.Tensor:
+        return self.k[layer][:, :, : self.length]
+
+    def values(self, layer: int) -> torch.Tensor:
+        return self.v[layer][:, :, : self.length]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.writes.append([int(layer), self.length, int(k.shape[-2])])
+        end = self.length + k.shape[-2]
+        if end > self.max_len:
+            raise ValueError(f"{self.length} held + {k.shape[-2]} new positions exceed max_len={self.max_len}")
+        self.k[layer][:, :, self.length : end] = k
+        self.v[layer][:, :, self.length : end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def advance(self, n_tokens: int) -> None:
+        self.length += n_tokens
+
+
+def _build_with_config(obj: Any, inputs: dict) -> Any:
+    """``obj(GPTConfig(**inputs["config"]))`` with the ``GPTConfig`` that ``obj``'s own code sees (the notebook's
+    cell, or the module that defines ``obj``), ``inputs["state"]`` loaded, in eval mode."""
+    config_class = getattr(getattr(obj, "__init__", None), "__globals__", {}).get("GPTConfig")
+    if config_class is None:
+        raise NameError("GPTConfig is not defined: run the cell that defines it")
+    module = obj(config_class(**inputs["config"]))
+    module.load_state_dict(inputs["state"], strict=True)
+    return module.eval()
+
+
+def attention_with_cache(obj: Any, inputs: dict) -> dict:
+    """Build the attention layer (:func:`_build_with_config`); its output on ``x`` without a cache (``full``), and
+    with ``x`` fed in ``chunks`` through one cache (``_ReferenceCache(*inputs["cache"])``, layer ``inputs["layer"]``,
+    advanced after each chunk): one output per chunk (``chunked``)."""
+    module = _build_with_config(obj, inputs)
+    x, layer = inputs["x"], inputs.get("layer", 0)
+    with torch.no_grad():
+        full = module(x)
+        cache = _ReferenceCache(*inputs["cache"])
+        chunked, start = [], 0
+        for size in inputs["chunks"]:
+            chunked.append(module(x[:, start : start + size], cache, layer))
+            cache.advance(size)
+            start += size
+    return {"full": full, "chunked": chunked}
+
+
+def gpt_chunks(obj: Any, inputs: dict) -> dict:
+    """Build the model (:func:`_build_with_config`); its logits for ``idx`` in one pass (``full``) and fed in
+    ``chunks`` through one cache (``_ReferenceCache(*inputs["cache"])``): the logits of each chunk (``chunked``) and
+    ``len(cache)`` after each (``lengths``), and the cache's log of writes per chunk (``writes``); an exception
+    stops the chunks (``error``). Then ``inputs["past"]``
+    (optional), tokens that do not fit in the context, is fed to the same cache: its error and the length
+    afterwards (``past``)."""
+    model = _build_with_config(obj, inputs)
+    idx = inputs["idx"]
+    chunked, lengths, writes, past = [], [], [], None
+    cache = _ReferenceCache(*inputs["cache"])
+
+    def feed() -> None:
+        start = 0
+        for size in inputs["chunks"]:
+            cache.writes = []
+            writes.append(cache.writes)
+            chunked.append(model(idx[:, start : start + size], cache=cache))
+            lengths.append(len(cache))
+            start += size
+
+    with torch.no_grad():
+        full = model(idx)
+        error = _raised(feed)
+        if error is None and inputs.get("past") is not None:
+            past = {"error": _raised(lambda: model(inputs["past"], cache=cache)), "length": len(cache)}
+    return {"full": full, "chunked": chunked, "lengths": lengths, "writes": writes, "error": error, "past": past}
+
+
+def sample_twice(obj: Any, inputs: dict) -> dict:
+    """``obj(*args, generator=torch.Generator().manual_seed(inputs["seed"]), **kwargs)`` twice, with torch's global
+    generator seeded differently before each call (and restored afterwards): ``first`` and ``second``."""
+    state = torch.get_rng_state()
+    outputs = []
+    try:
+        for global_seed in (1, 2):
+            torch.manual_seed(global_seed)
+            generator = torch.Generator().manual_seed(inputs["seed"])
+            outputs.append(obj(*inputs.get("args", ()), generator=generator, **inputs.get("kwargs", {})))
+    finally:
+        torch.set_rng_state(state)
+    return {"first": outputs[0], "second": outputs[1]}
+
+
+def call_with_dtype_or_error(obj: Any, inputs: dict) -> dict:
+    """Like :func:`call_or_error`, with ``kwargs["dtype"]`` given by name (``"float16"`` -> ``torch.float16``)."""
+    kwargs = dict(inputs.get("kwargs", {}))
+    if "dtype" in kwargs:
+        kwargs["dtype"] = getattr(torch, kwargs["dtype"])
+    return call_or_error(obj, {"args": inputs.get("args", ()), "kwargs": kwargs})
+
+
+class _ToyConfig:
+    def __init__(self, vocab: int, max_len: int) -> None:
+        self.vocab, self.max_len = vocab, max_len
+
+
+class _ToyCache:
+    """The toy model's cache: the running sum of its inputs, and how many tokens it holds."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch, self.length, self.total = batch, 0, None
+
+    def __len__(self) -> int:
+        return self.length
+
+
+class _ToyLM(torch.nn.Module):
+    """A tiny causal language model with the chapter 6 interface (``config.vocab``, ``config.max_len``,
+    ``new_cache(batch)``, ``forward(idx, cache=None)``): the logits at position p depend on token p, on p itself
+    and on the mean of every input up to p. It logs each call as [first position, tokens fed, autograd on,
+    training mode], and refuses positions past ``max_len`` with a ValueError."""
+
+    def __init__(self, tokens: torch.Tensor, positions: torch.Tensor, out: torch.Tensor) -> None:
+        super().__init__()
+        self.tokens = torch.nn.Parameter(tokens.double())  # (vocab, d)
+        self.positions = torch.nn.Parameter(positions.double())  # (max_len, d)
+        self.out = torch.nn.Parameter(out.double())  # (d, vocab)
+        self.config = _ToyConfig(int(tokens.shape[0]), int(positions.shape[0]))
+        self.calls: list[list] = []
+
+    def new_cache(self, batch: int = 1) -> _ToyCache:
+        return _ToyCache(batch)
+
+    def forward(self, idx: torch.Tensor, cache: _ToyCache | None = None) -> torch.Tensor:
+        start, seq = (0 if cache is None else len(cache)), int(idx.shape[1])
+        self.calls.append([start, seq, torch.is_grad_enabled(), self.training])
+        if start + seq > self.config.max_len:
+            raise ValueError(f"positions {start}..{start + seq - 1} go past the context limit "
+                             f"max_len={self.config.max_len}")
+        if cache is not None and cache.batch != idx.shape[0]:
+            raise ValueError(f"the cache was made for batch={cache.batch}, idx has batch {idx.shape[0]}")
+        x = self.tokens[idx] + self.positions[start : start + seq]
+        running = x.cumsum(dim=1)
+        if cache is not None and cache.total is not None:
+            running = running + cache.total[:, None]
+        count = torch.arange(start + 1, start + seq + 1, dtype=x.dtype)[:, None]
+        logits = torch.tanh(x + running / count) @ self.out
+        if cache is not None:
+            cache.total, cache.length = running[:, -1].detach(), start + seq
+        return logits
+
+
+def generate_runs(obj: Any, inputs: dict) -> dict:
+    """Build the toy model ``_ToyLM(*inputs["model"])`` in mode ``inputs["training"]``, then, one after the other on
+    the same model, call ``obj(model, idx, max_new_tokens, **kwargs)`` for each of ``inputs["runs"]`` (with
+    ``generator=torch.Generator().manual_seed(seed)`` when the run has a seed). Per run: the output or the error,
+    the model's call log and whether it is in training mode afterwards."""
+    model = _ToyLM(*inputs["model"])
+    model.train(bool(inputs.get("training", False)))
+    runs = []
+    for run in inputs["runs"]:
+        model.calls = []
+        kwargs = dict(run.get("kwargs", {}))
+        if run.get("seed") is not None:
+            kwargs["generator"] = torch.Generator().manual_seed(run["seed"])
+        result = {}
+        result["error"] = _raised(lambda: result.update(out=obj(model, run["idx"], run["max_new_tokens"], **kwargs)))
+        runs.append({"out": result.get("out"), "error": result["error"], "calls": model.calls,
+                     "training": model.training})
+    return {"runs": runs}
+
+
 _PROBES = {name: value for name, value in dict(globals()).items()
            if callable(value) and not name.startswith("_") and name not in ("execute", "Forbidden", "Guard", "Any")
            and getattr(value, "__module__", None) == __name__}
