@@ -68,6 +68,7 @@ def test_make_lab_exports_the_course_environment_and_fills_the_work_folder(tmp_p
     assert f"Your notebooks are in {work}/" in out.stdout
 
 
+@pytest.mark.slow
 def test_make_lab_never_overwrites_learner_work(tmp_path):
     work = tmp_path / "work"
     assert make_lab(work, "true").returncode == 0
