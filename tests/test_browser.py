@@ -22,6 +22,7 @@ $TDD_CHROMIUM. Without it the tests are skipped; `.ci/run` installs it in CI.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -274,12 +275,28 @@ def _shutdown_kernels(lab: dict) -> None:
         _api(lab, "DELETE", f"/api/sessions/{session['id']}")
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.id)
-def test_run_all_on_an_untouched_chapter_runs_every_cell_and_renders_every_widget(lab, browser, chapter, tmp_path):
+@contextlib.contextmanager
+def _page(lab: dict, browser, tmp_path: Path):
+    """A browser tab; on a failure a screenshot and the browser's errors; afterwards its kernel is shut down."""
     page = browser.new_page(viewport={"width": 1400, "height": 950})
     browser_errors: list[str] = []
     page.on("pageerror", lambda err: browser_errors.append(str(err)))
     try:
+        yield page
+    except BaseException:
+        page.screenshot(path=str(tmp_path / "failure.png"), full_page=False)
+        print(f"failure screenshot: {tmp_path / 'failure.png'}; jupyter log: {lab['log']}")
+        if browser_errors:
+            print("browser errors:\n" + "\n".join(browser_errors))
+        raise
+    finally:
+        page.close()
+        _shutdown_kernels(lab)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.id)
+def test_run_all_on_an_untouched_chapter_runs_every_cell_and_renders_every_widget(lab, browser, chapter, tmp_path):
+    with _page(lab, browser, tmp_path) as page:
         n_code, n_done, n_running = _open_and_run_all(lab, page, f"{chapter.id}/{chapter.notebook}")
         assert n_code > 0
         assert n_done == n_code, f"Run All stopped: only {n_done} of {n_code} code cells ran ({n_running} running)"
@@ -294,22 +311,10 @@ def test_run_all_on_an_untouched_chapter_runs_every_cell_and_renders_every_widge
         assert _widget_problems(page) == []
         displayed = _save_and_count_widget_outputs(page, lab["work"] / chapter.id / chapter.notebook)
         assert _rendered_widgets(page) >= displayed, f"{displayed} widget(s) displayed, fewer rendered"
-    except BaseException:
-        page.screenshot(path=str(tmp_path / "failure.png"), full_page=False)
-        print(f"failure screenshot: {tmp_path / 'failure.png'}; jupyter log: {lab['log']}")
-        if browser_errors:
-            print("browser errors:\n" + "\n".join(browser_errors))
-        raise
-    finally:
-        page.close()
-        _shutdown_kernels(lab)
 
 
 def test_chapter1_with_answers_runs_in_jupyterlab_with_widgets_and_validate(lab, browser, tmp_path):
-    page = browser.new_page(viewport={"width": 1400, "height": 950})
-    browser_errors: list[str] = []
-    page.on("pageerror", lambda err: browser_errors.append(str(err)))
-    try:
+    with _page(lab, browser, tmp_path) as page:
         n_code, n_done, n_running = _open_and_run_all(lab, page, f"{FILLED}/{FIRST.notebook}")
         # nbgrader's student extension: Validate in the notebook toolbar; no Assignment List without an exchange.
         validate = page.locator(".jp-NotebookPanel .validate-button")
@@ -344,12 +349,3 @@ def test_chapter1_with_answers_runs_in_jupyterlab_with_widgets_and_validate(lab,
         if os.environ.get("UPDATE_SCREENSHOTS") == "1":
             README_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
             README_SCREENSHOT.write_bytes(shot.read_bytes())
-    except BaseException:
-        page.screenshot(path=str(tmp_path / "failure.png"), full_page=False)
-        print(f"failure screenshot: {tmp_path / 'failure.png'}; jupyter log: {lab['log']}")
-        if browser_errors:
-            print("browser errors:\n" + "\n".join(browser_errors))
-        raise
-    finally:
-        page.close()
-        _shutdown_kernels(lab)
