@@ -85,7 +85,8 @@ def test_nbgrader_validate_still_fails_an_untouched_release(tmp_path, monkeypatc
     text = out.stdout + out.stderr
     assert "Success! Your notebook passes all the tests." not in text
     assert f"VALIDATION FAILED ON {len(chapter.exercises)} CELL(S)" in text, text[-3000:]
-    assert text.count("not done yet") == len(chapter.exercises), text[-3000:]
+    for exercise in chapter.exercises:  # nbgrader shortens each error to its first characters
+        assert f"✗ {exercise.name}:" in text, text[-3000:]
 
 
 @pytest.mark.slow

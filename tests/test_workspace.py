@@ -144,8 +144,12 @@ def test_release_keeps_an_edited_notebook_and_its_checkpoints(released, tmp_path
     assert "changes of its own" in check.stderr and "checkpoint" not in check.stderr, check.stderr
     assert "run `make release`" not in check.stderr  # the only problem is the learner's edit: no advice to regenerate
 
+    work = tmp_path / "work"  # the learner's copy next to course/, as `make lab` makes it
+    workspace.sync(course, work)
+    mine = _edit(work / chapter.id / chapter.notebook, "# answer in my work folder")
     forced = _autograder("release", "--chapter", chapter.id, "--course", str(course), "--force")
     assert forced.returncode == 0, forced.stderr
+    assert (work / chapter.id / chapter.notebook).read_bytes() == mine
     assert release.is_pristine(notebook)
     assert (checkpoints / f"{chapter.id}-checkpoint.ipynb").is_file()  # checkpoints are never deleted
 
