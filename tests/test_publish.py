@@ -193,3 +193,13 @@ def test_withheld_modules_follow_imports():
         if needs_first:
             with pytest.raises(publish.PublishError, match="release that chapter's answers too"):
                 publish.withheld_modules({second.id})
+
+
+def test_make_student_edition_passes_dest_and_answers():
+    out = subprocess.run(["make", "-n", "-C", str(ROOT), "-o", ".venv/.installed", "student-edition",
+                          "DEST=../student", "ANSWERS=01_a 02_b"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "-m autograder publish \"../student\" --answers 01_a --answers 02_b" in out.stdout
+    usage = subprocess.run(["make", "-C", str(ROOT), "-o", ".venv/.installed", "student-edition"],
+                           capture_output=True, text=True, timeout=60)
+    assert usage.returncode != 0 and "usage: make student-edition DEST=folder" in usage.stdout
