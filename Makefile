@@ -3,27 +3,44 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+VENV_DIR := $(abspath $(VENV))
+# The learner's own copy of course/ (untracked): JupyterLab opens there.
+WORK ?= work
+LAB ?= $(VENV)/bin/jupyter lab
 LAB_ARGS ?=
 # Jupyter refuses to start as root (containers, CI) unless told to.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 PYTEST_ARGS ?=
+RELEASE_ARGS ?=
+# PyTorch build: auto (the CPU build on Linux without an NVIDIA GPU), cpu, default or an index URL.
+TORCH_INDEX ?= auto
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test check install release bench clean-venv
+.PHONY: lab test check install release student-edition bench clean-venv
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.10 or newer is needed; got " + sys.version.split()[0]) if sys.version_info < (3, 10) else None'
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[test]'
-	$(VENV)/bin/jupyter labextension list >/dev/null 2>&1 || true
+	@test -x $(PY) || { echo "[1/4] creating $(VENV)/"; $(PYTHON) -m venv $(VENV); }
+	@echo "[2/4] PyTorch (the largest part: a few minutes on a first install)"
+	@TORCH_INDEX="$(TORCH_INDEX)" $(PY) scripts/install_torch.py
+	@echo "[3/4] the course and its dependencies (pip install -e '.[test]')"
+	$(PY) -m pip install --progress-bar on -e '.[test]'
+	@echo "[4/4] JupyterLab extensions"
+	@$(VENV)/bin/jupyter labextension list >/dev/null 2>&1 || true
 	@touch $(STAMP)
+	@echo "Installed into $(VENV)/ ($$(du -sh $(VENV) 2>/dev/null | cut -f1))."
 
 install: $(STAMP)
 
-# binder/jupyter: only the student side of nbgrader (assignment list, validate), as on Binder.
+# JupyterLab on the work folder (filled from course/ first; never overwritten), with the course's
+# environment exported so that its terminals run the commands the course prints as printed, and
+# binder/jupyter as configuration: only the student side of nbgrader (validate), as on Binder.
+# A second `make lab` on the same work folder prints the running server's address instead.
 lab: $(STAMP)
-	JUPYTER_CONFIG_PATH="$(CURDIR)/binder/jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
-	$(VENV)/bin/jupyter lab --notebook-dir=course $(ROOT_ARGS) $(LAB_ARGS)
+	@$(PY) -m autograder workspace --into "$(WORK)" --before-lab || { status=$$?; [ $$status -eq 3 ] && exit 0; exit $$status; }; \
+	export PATH="$(VENV_DIR)/bin:$$PATH" VIRTUAL_ENV="$(VENV_DIR)" \
+	  JUPYTER_CONFIG_PATH="$(CURDIR)/binder/jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}"; \
+	exec $(LAB) --notebook-dir="$(WORK)" $(ROOT_ARGS) $(LAB_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -33,8 +50,15 @@ check: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not browser and not sandbox" --ignore-glob='tests/test_train_*' $(PYTEST_ARGS)
 
 # Regenerate the student release course/ from autograder/source/ (nbgrader generate_assignment).
+# Notebooks changed after their release are kept: RELEASE_ARGS=--force discards them.
 release: $(STAMP)
-	$(PY) -m autograder release
+	$(PY) -m autograder release $(RELEASE_ARGS)
+
+# A repository for learners of a graded course: make student-edition DEST=../course-student ANSWERS="01_attention_by_hand"
+# (ANSWERS: the chapters whose answers are released; the others' are withheld).
+student-edition: $(STAMP)
+	@test -n "$(DEST)" || { echo 'usage: make student-edition DEST=folder [ANSWERS="01_name 02_name"]'; exit 2; }
+	$(PY) -m autograder publish "$(DEST)" $(foreach a,$(ANSWERS),--answers $(a))
 
 bench: $(STAMP)
 	$(PY) -m solutions.bench

@@ -1,4 +1,4 @@
-"""``python -m autograder {release,check,grade,feedback}``.
+"""``python -m autograder {release,check,grade,feedback,workspace,publish}``.
 
 Each command lives in its own module (``autograder/<command>.py``) that provides
 ``add_arguments(parser)`` and ``run(args) -> int`` (the exit status).
@@ -15,6 +15,8 @@ COMMANDS = {
     "check": ("selfcheck", "self-check: run a notebook's visible tests in a fresh kernel and print the score"),
     "grade": ("grade", "grade a folder of submissions in parallel, sandboxed, with the hidden tests"),
     "feedback": ("feedback", "write per-student HTML feedback from a grades.csv"),
+    "workspace": ("workspace", "copy the course's new chapters into your work folder (work/); never overwrites your work"),
+    "publish": ("publish", "write the student edition: the release without the answers not yet due or the hidden tests"),
 }
 
 

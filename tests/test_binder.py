@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -73,17 +74,38 @@ def test_binder_start_adds_student_config():
     assert "JUPYTER_CONFIG_PATH" in start and "/jupyter" in start and 'exec "$@"' in start
 
 
+@pytest.mark.slow
+def test_binder_start_fills_the_work_folder_the_badge_opens(tmp_path):
+    """binder/start copies the course into work/ and runs the session's command; the README's badge opens there."""
+    repo = tmp_path / "repo"
+    (repo / "binder").mkdir(parents=True)
+    shutil.copyfile(BINDER / "start", repo / "binder" / "start")
+    shutil.copytree(ROOT / "course", repo / "course", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    # the autograder package of this checkout, as Binder's postBuild installs it (here: on the path)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(["bash", str(repo / "binder" / "start"), "sh", "-c", 'echo "config=$JUPYTER_CONFIG_PATH"'],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"config={repo / 'binder' / 'jupyter'}" in out.stdout
+    assert (repo / "work" / "00_start_here.ipynb").is_file()
+    badge = re.search(r"\(https://mybinder\.org/v2/gh/[^)]*urlpath=([^)]+)\)", (ROOT / "README.md").read_text())
+    assert badge and badge.group(1) == "lab/tree/work/00_start_here.ipynb"
+
+
 def test_student_config_enables_only_student_nbgrader():
+    """Validate only: without an exchange (make lab, Binder) the assignment list only says "Error fetching courses!"."""
     server = json.loads((STUDENT_CONFIG / "jupyter_server_config.json").read_text())["ServerApp"]["jpserver_extensions"]
     assert server == {
-        "nbgrader.server_extensions.assignment_list": True,
+        "nbgrader.server_extensions.assignment_list": False,
         "nbgrader.server_extensions.validate_assignment": True,
         "nbgrader.server_extensions.formgrader": False,
         "nbgrader.server_extensions.course_list": False,
     }
     lab = json.loads((STUDENT_CONFIG / "labconfig" / "page_config.json").read_text())["disabledExtensions"]
     assert {k for k, v in lab.items() if v} == {
-        "@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment", "@jupyter/nbgrader:course-list"}
+        "@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment", "@jupyter/nbgrader:course-list",
+        "@jupyter/nbgrader:assignment-list"}
 
 
 def test_student_config_effective_in_jupyterlab():
@@ -93,13 +115,29 @@ def test_student_config_effective_in_jupyterlab():
                          capture_output=True, text=True, timeout=120)
     text = out.stdout + out.stderr
     disabled = text.split("Disabled extensions:", 1)[1] if "Disabled extensions:" in text else ""
-    for plugin in ("formgrader", "create-assignment", "course-list"):
+    for plugin in ("formgrader", "create-assignment", "course-list", "assignment-list"):
         assert f"@jupyter/nbgrader:{plugin}" in disabled, text[-2000:]
-    for plugin in ("validate-assignment", "assignment-list"):
-        assert f"@jupyter/nbgrader:{plugin}" not in disabled
+    assert "@jupyter/nbgrader:validate-assignment" not in disabled
 
 
 def test_makefile_lab_uses_student_config():
     makefile = (ROOT / "Makefile").read_text()
     lab = makefile.split("\nlab:", 1)[1].split("\n\n", 1)[0]
     assert "binder/jupyter" in lab and "JUPYTER_CONFIG_PATH" in lab
+
+
+def test_student_config_terminals_keep_the_environment():
+    """The config gives terminals an explicit (non-login) shell: jupyter_server_terminals adds -l only without one."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    env = {"SHELL": "/bin/bash"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        config = PyFileConfigLoader("jupyter_server_config.py", path=str(STUDENT_CONFIG)).load_config()
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    command = config.ServerApp.terminado_settings["shell_command"]
+    assert command[0] == "/bin/bash" and "-l" not in command and "--login" not in command
+    assert command[1:] == ["--rcfile", str(STUDENT_CONFIG / "terminal.bashrc")]

@@ -1,0 +1,316 @@
+"""``python -m autograder publish DEST``: the student edition, a repository to give learners of a graded course.
+
+This repository is the instructor's: ``autograder/source/`` holds every solution and hidden
+test, ``autograder/checks/`` the hidden cases, ``solutions/`` every answer. The student
+edition written to ``DEST`` holds what learners need and nothing they must not see:
+
+* ``course/``: the release notebooks (stubs, visible tests; no solution region, no hidden test);
+* ``solutions/``: the library, except the answer modules (the registry's ``Chapter.answers``)
+  of the chapters not named with ``--answers``, and the modules that import them: each is
+  replaced by a module that raises ``ImportError`` saying it is withheld. Publishing again
+  with more ``--answers`` releases those chapters' answers;
+* ``autograder/``: the checks with every ``Check``'s hidden cases removed (``hidden=()``),
+  the self-check and the grader, without ``source/``;
+* ``binder/``, ``pyproject.toml``, ``Makefile``, ``.gitignore``, ``scripts/install_torch.py`` and
+  a short README: ``make lab`` works there as here.
+
+``DEST`` is created, or updated in place when it holds an earlier edition (its ``.git`` is kept,
+so the instructor commits and pushes the update). Before anything is written the edition is built
+in a temporary folder and searched for solution regions, hidden-test markers, hidden case names
+and withheld code; publishing stops if one is found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from autograder import registry
+
+ROOT = registry.PACKAGE_DIR.parent
+MARKER = ".student-edition.json"  # in DEST: what was published, so that DEST can be updated later
+COPIED = ("course", "solutions", "autograder", "binder", "pyproject.toml", "Makefile", ".gitignore",
+          "scripts/install_torch.py", "LICENSE", "LICENSE.md", "LICENSE.txt")
+SKIPPED_PARTS = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache"}
+# A solution region or hidden tests, as nbgrader marks them: the marker alone on its line.
+REGION = re.compile(r"^[ \t]*### (BEGIN|END) (SOLUTION|HIDDEN TESTS)[ \t]*$", re.MULTILINE)
+
+
+class PublishError(Exception):
+    """The edition cannot be published as asked; the message says why and what to change."""
+
+
+# --- which modules are withheld -----------------------------------------------------
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    """``solutions/data/text.py`` -> ``solutions.data.text``; ``solutions/__init__.py`` -> ``solutions``."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(source: str, module: str = "", is_package: bool = False) -> set[str]:
+    """The modules ``source`` imports (absolute names; relative imports resolved against ``module``)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                package = package[: len(package) - (node.level - 1)]
+                base = ".".join(package + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _library_modules(root: Path = ROOT) -> dict[str, Path]:
+    return {module_name(p, root): p for p in sorted((root / "solutions").rglob("*.py"))
+            if not SKIPPED_PARTS & set(p.parts)}
+
+
+def withheld_modules(answers: set[str], root: Path = ROOT) -> dict[str, str]:
+    """Withheld library module -> why, for a student edition releasing the answers of the chapters ``answers``."""
+    owner = registry.answer_modules()
+    withheld = {m: f"the answers of chapter {registry.get(c).number} ({registry.get(c).title})"
+                for m, c in owner.items() if c not in answers}
+    library = _library_modules(root)
+    imports = {m: imported_modules(p.read_text(), m, p.name == "__init__.py") for m, p in library.items()}
+    changed = True
+    while changed:  # a module that imports a withheld one cannot work without it
+        changed = False
+        for module, names in imports.items():
+            if module in withheld or module == "solutions":
+                continue
+            needed = sorted(n for n in names if n in withheld)
+            if needed:
+                if owner.get(module) in answers:
+                    chapter = registry.get(owner[module])
+                    raise PublishError(f"chapter {chapter.number}'s answers ({module}) need {needed[0]}, which holds "
+                                       f"{withheld[needed[0]]}: release that chapter's answers too (--answers)")
+                withheld[module] = f"it needs {needed[0]} ({withheld[needed[0]]})"
+                changed = True
+    return withheld
+
+
+def withheld_stub(module: str, why: str) -> str:
+    message = (f"{module} is withheld in this student edition: it holds {why}" if why.startswith("the answers")
+               else f"{module} is withheld in this student edition: {why}")
+    message += "; your instructor releases it when the chapter is due"
+    return f'"""{message}."""\n\nraise ImportError({message!r})\n'
+
+
+# --- checks without their hidden cases ------------------------------------------------
+
+
+def _span(source_lines: list[str], node: ast.AST) -> tuple[int, int]:
+    """Character offsets of ``node`` in the joined source."""
+    starts = [0]
+    for line in source_lines:
+        starts.append(starts[-1] + len(line))
+    return (starts[node.lineno - 1] + len(source_lines[node.lineno - 1].encode()[: node.col_offset].decode()),
+            starts[node.end_lineno - 1] + len(source_lines[node.end_lineno - 1].encode()[: node.end_col_offset].decode()))
+
+
+def _replace_spans(source: str, spans: list[tuple[int, int, str]]) -> str:
+    for start, end, text in sorted(spans, reverse=True):
+        source = source[:start] + text + source[end:]
+    return source
+
+
+def strip_hidden(source: str, used_elsewhere: set[str] = frozenset()) -> str:
+    """A checks module's source with every ``Check(..., hidden=...)`` emptied and the private
+    helpers only the hidden cases used removed (except the names in ``used_elsewhere``)."""
+    lines = source.splitlines(keepends=True)
+    spans = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Check":
+            values = [kw.value for kw in node.keywords if kw.arg == "hidden"] + node.args[2:3]
+            spans += [(*_span(lines, value), "()") for value in values]
+    source = _replace_spans(source, spans)
+    while True:  # drop module-level private definitions nothing refers to any more
+        tree = ast.parse(source)
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        used |= set(used_elsewhere)
+        lines = source.splitlines(keepends=True)
+        unused = []
+        for node in tree.body:
+            names = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
+                     [t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
+                     if isinstance(node, (ast.Assign, ast.AnnAssign)) else [])
+            if names and all(n.startswith("_") and n not in used for n in names):
+                first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+                unused.append((first, node.end_lineno))
+        if not unused:
+            return source
+        for first, last in sorted(unused, reverse=True):
+            del lines[first - 1:last]
+        source = re.sub(r"\n{4,}", "\n\n\n", "".join(lines))
+
+
+def hidden_case_names() -> dict[str, set[str]]:
+    """Checks module -> the names of its hidden cases that are not also visible ones."""
+    names = {}
+    for chapter in registry.CHAPTERS:
+        checks = chapter.load_checks()
+        visible = {case.name for check in checks.values() for case in check.visible}
+        names[chapter.checks] = {case.name for check in checks.values() for case in check.hidden} - visible
+    return names
+
+
+# --- building the edition ---------------------------------------------------------------
+
+
+def _notebook_imports(path: Path) -> set[str]:
+    found = set()
+    for cell in json.loads(path.read_text()).get("cells", []):
+        if cell.get("cell_type") != "code":
+            continue
+        source = "".join(cell.get("source", ""))
+        source = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+        try:
+            found |= imported_modules(source)
+        except SyntaxError:
+            continue
+    return found
+
+
+def _readme(answers: list[str], withheld: dict[str, str]) -> str:
+    rows = "\n".join(f"| {c.number} | `{c.id}` | {c.title} | "
+                     f"{'released' if c.id in answers else 'withheld until the chapter is due'} |"
+                     for c in registry.CHAPTERS)
+    return f"""# Transformer Deep Dive — student edition
+
+```bash
+make lab    # installs everything into .venv on first use, then opens JupyterLab on your work folder
+```
+
+You need Python ≥ 3.10 with `venv`, `make`, and a network connection for the first install only.
+`make lab` copies the chapters of `course/` into `work/` (your notebooks; git does not track them, so
+`git pull` brings new chapters without touching your work) and opens JupyterLab there. Start with
+`00_start_here.ipynb`. Each exercise's test cell runs the visible checks; your instructor grades with
+more cases.
+
+| # | chapter | | answers in `solutions/` |
+|---|---|---|---|
+{rows}
+
+Withheld library modules raise an `ImportError` that says so; they arrive with a later update of this
+repository (`git pull`).
+"""
+
+
+def build(out: Path, answers: list[str], root: Path = ROOT) -> list[str]:
+    """Write the student edition into the empty folder ``out``; returns notes for the instructor."""
+    unknown = sorted(set(answers) - set(registry.ids()))
+    if unknown:
+        raise PublishError(f"--answers {', '.join(unknown)}: no such chapter; choose from {', '.join(registry.ids())}")
+    withheld = withheld_modules(set(answers), root)
+    notes = [f"withheld {m}: {why}" for m, why in sorted(withheld.items())]
+    for entry in COPIED:
+        source = root / entry
+        if source.is_file():
+            (out / entry).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, out / entry)
+        elif source.is_dir():
+            shutil.copytree(source, out / entry, ignore=shutil.ignore_patterns(*SKIPPED_PARTS, "*.egg-info"))
+    shutil.rmtree(out / "autograder" / "source", ignore_errors=True)
+    for module, why in withheld.items():
+        path = out / _library_modules(root)[module].relative_to(root)
+        path.write_text(withheld_stub(module, why))
+    hidden = hidden_case_names()
+    checks_dir = out / "autograder" / "checks"
+    imported_names = {alias.name for p in checks_dir.glob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+                      if isinstance(node, ast.ImportFrom) for alias in node.names}
+    for chapter in registry.CHAPTERS:
+        path = out / Path(*chapter.checks.split(".")).with_suffix(".py")
+        stripped = strip_hidden(path.read_text(), imported_names)
+        compile(stripped, str(path), "exec")
+        strings = {n.value for n in ast.walk(ast.parse(stripped)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        leaked = sorted(hidden[chapter.checks] & strings)
+        if leaked:
+            raise PublishError(f"{chapter.checks}: hidden cases are still there after removing every Check's "
+                               f"hidden=...: {leaked[:3]}; define hidden cases inside Check(...)")
+        path.write_text(stripped)
+        needs = sorted(m for m in imported_modules(stripped) if m in withheld)
+        if needs:
+            notes.append(f"{chapter.checks} imports {needs[0]} (withheld): chapter {chapter.number}'s visible "
+                         "tests cannot run in the edition until it is released")
+    for notebook in sorted((out / "course").rglob("*.ipynb")):
+        needs = sorted(m for m in _notebook_imports(notebook) if m in withheld)
+        if needs:
+            notes.append(f"{notebook.relative_to(out)} imports {', '.join(needs)} (withheld): it runs once "
+                         "those answers are released")
+    (out / "README.md").write_text(_readme(answers, withheld))
+    (out / MARKER).write_text(json.dumps({"answers": sorted(answers), "withheld": sorted(withheld)}, indent=2) + "\n")
+    _verify(out, withheld, root)
+    return notes
+
+
+def _verify(out: Path, withheld: dict[str, str], root: Path) -> None:
+    """No solution region, hidden test or withheld code anywhere in the edition."""
+    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+        try:
+            text = path.read_text()
+            if path.suffix == ".ipynb":
+                text = "\n".join("".join(c.get("source", "")) for c in json.loads(text).get("cells", []))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        found = REGION.search(text)
+        if found:
+            raise PublishError(f"{path.relative_to(out)} contains {found.group().strip()!r}; nothing was published")
+    library = _library_modules(root)
+    for module in withheld:
+        original = library[module].read_text()
+        defined = [n.name for n in ast.parse(original).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        copy = (out / library[module].relative_to(root)).read_text()
+        if any(re.search(rf"\b(def|class) {re.escape(name)}\b", copy) for name in defined):
+            raise PublishError(f"{module} is withheld but its code is in the edition; nothing was published")
+
+
+def publish(dest: Path, answers: list[str], root: Path = ROOT) -> list[str]:
+    """Build the edition, then make ``dest`` hold exactly it (an existing ``dest/.git`` is kept)."""
+    dest, root_dir = Path(dest).resolve(), root.resolve()
+    if dest == root_dir or dest in root_dir.parents or (root_dir in dest.parents and root_dir / "dist" not in dest.parents):
+        raise PublishError(f"DEST must be outside the repository, or in its dist/ folder; got {dest}")
+    if dest.exists() and (not dest.is_dir() or (any(p.name != ".git" for p in dest.iterdir())
+                                                 and not (dest / MARKER).is_file())):
+        raise PublishError(f"DEST {dest} exists and is not an earlier student edition: choose a new or empty folder")
+    with tempfile.TemporaryDirectory(prefix="tdd-edition-") as tmp:
+        notes = build(Path(tmp), answers, root)
+        dest.mkdir(parents=True, exist_ok=True)
+        for old in dest.iterdir():
+            if old.name != ".git":
+                shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+        for new in Path(tmp).iterdir():
+            shutil.move(str(new), dest / new.name)
+    return notes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dest", type=Path, help="the folder of the student edition (new, empty, or an earlier edition)")
+    parser.add_argument("--answers", action="append", default=[], metavar="NN_name",
+                        help="a chapter whose answers are released (repeatable); the other chapters' are withheld")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        notes = publish(args.dest, args.answers)
+    except PublishError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    for note in notes:
+        print(f"  {note}")
+    released = ", ".join(args.answers) if args.answers else "none"
+    print(f"student edition written to {args.dest} (answers released: {released}); "
+          f"commit and push it for your learners")
+    return 0

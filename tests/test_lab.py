@@ -1,0 +1,182 @@
+"""`make lab` as a learner meets it: the work folder, the environment of its terminals, one server.
+
+The fast tests run `make lab` with a stand-in for JupyterLab (LAB=...) that records what it was
+given; the slow one starts the real JupyterLab through `make lab`, opens a terminal through the
+server's API (as File → New → Terminal does) and runs there the self-check command that
+course/00_start_here.ipynb prints, exactly as printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from autograder import registry
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = Path(sys.prefix)
+STAMP = VENV / ".installed"
+START_HERE = ROOT / "course" / "00_start_here.ipynb"
+# A shell as a fresh login gives it: no virtualenv on PATH, no python of the course's.
+BARE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def make_lab(work: Path, lab: str | None = None, *extra: str, timeout: float = 120, env: dict | None = None,
+             popen: bool = False):
+    """`make lab` with this environment as its .venv (never reinstalled), the work folder ``work``."""
+    if not (VENV / "bin" / "python").exists() or not STAMP.exists():
+        pytest.skip(f"`make lab` needs the environment made by `make install` ({STAMP} is missing)")
+    cmd = ["make", "--no-print-directory", "-C", str(ROOT), "-o", str(STAMP), "lab", f"VENV={VENV}", f"WORK={work}",
+           *([f"LAB={lab}"] if lab else []), *extra]
+    env = {"HOME": os.environ.get("HOME", "/root"), "PATH": BARE_PATH, "LANG": "C.UTF-8", **(env or {})}
+    if popen:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+RECORDER = ("python3 -c 'import json, os, sys; json.dump({\"env\": dict(os.environ), \"argv\": sys.argv[1:]}, "
+            "open(os.environ[\"LAB_RECORD\"], \"w\"))'")
+
+
+def test_make_lab_exports_the_course_environment_and_fills_the_work_folder(tmp_path):
+    record = tmp_path / "record.json"
+    work = tmp_path / "work"
+    out = make_lab(work, RECORDER, env={"LAB_RECORD": str(record)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    seen = json.loads(record.read_text())
+    assert seen["env"]["PATH"].split(":")[0] == str(VENV / "bin")
+    assert seen["env"]["VIRTUAL_ENV"] == str(VENV)
+    assert seen["env"]["JUPYTER_CONFIG_PATH"].split(":")[0] == str(ROOT / "binder" / "jupyter")
+    assert f"--notebook-dir={work}" in seen["argv"]
+    assert (work / "00_start_here.ipynb").is_file()
+    for chapter in registry.CHAPTERS:
+        if chapter.release_path().is_file():
+            assert (work / chapter.id / chapter.notebook).is_file(), out.stdout
+    assert f"Your notebooks are in {work}/" in out.stdout
+
+
+@pytest.mark.slow
+def test_make_lab_never_overwrites_learner_work(tmp_path):
+    work = tmp_path / "work"
+    assert make_lab(work, "true").returncode == 0
+    chapter = next(c for c in registry.CHAPTERS if c.release_path().is_file())
+    mine = work / chapter.id / chapter.notebook
+    nb = nbformat.read(mine, as_version=4)
+    nb.cells[-1].source += "\n# my notes"
+    nbformat.write(nb, mine)
+    before = mine.read_bytes()
+    out = make_lab(work, "true")
+    assert out.returncode == 0, out.stderr
+    assert mine.read_bytes() == before
+
+
+def test_lab_terminal_shell_is_not_a_login_shell_and_puts_the_venv_first(tmp_path):
+    """The terminal config: bash reads terminal.bashrc, which puts $VIRTUAL_ENV/bin first after ~/.bashrc."""
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text('PATH="/opt/other-python/bin:$PATH"\n')  # e.g. a conda `activate`
+    rc = ROOT / "binder" / "jupyter" / "terminal.bashrc"
+    out = subprocess.run(["bash", "--rcfile", str(rc), "-i", "-c", 'echo "$PATH"'], capture_output=True, text=True,
+                         env={"HOME": str(home), "PATH": BARE_PATH, "VIRTUAL_ENV": str(VENV)}, timeout=60)
+    assert out.stdout.strip().split(":")[0] == str(VENV / "bin"), out
+    config = (ROOT / "binder" / "jupyter" / "jupyter_server_config.py").read_text()
+    assert "terminado_settings" in config and "shell_command" in config
+
+
+def _start_here_command(work: Path, tmp_path: Path) -> str:
+    """Run the start-here notebook in the work folder and return the self-check command it prints."""
+    nb = nbformat.read(work / "00_start_here.ipynb", as_version=4)
+    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    commands = re.findall(r"^python -m autograder check .+$", printed, re.MULTILINE)
+    assert len(commands) == 1, printed
+    return commands[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _terminal_run(base: str, token: str, command: str, until: re.Pattern, timeout: float = 240) -> str:
+    """Open a terminal on the server (as JupyterLab does), type ``command``, return what it printed up to ``until``."""
+    import websocket
+
+    request = urllib.request.Request(f"{base}/api/terminals?token={token}", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        name = json.loads(response.read())["name"]
+    ws = websocket.create_connection(f"{base.replace('http', 'ws')}/terminals/websocket/{name}?token={token}",
+                                     timeout=10)
+    text, deadline = "", time.monotonic() + timeout
+    try:
+        ws.send(json.dumps(["stdin", command + "\r"]))
+        while time.monotonic() < deadline and not until.search(text):
+            try:
+                message = json.loads(ws.recv())
+            except websocket.WebSocketTimeoutException:
+                continue
+            if message[0] == "stdout":
+                text += message[1]
+    finally:
+        ws.close()
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_start_here_self_check_command_runs_as_printed_in_the_lab_terminal(tmp_path):
+    """The command start-here prints, typed into a terminal of the JupyterLab `make lab` started, runs the
+    course's self-check (not a Python without the course); a second `make lab` starts no second server."""
+    work = tmp_path / "work"
+    port, token = _free_port(), secrets.token_hex(16)
+    runtime = tmp_path / "runtime"
+    env = {"JUPYTER_RUNTIME_DIR": str(runtime), "SHELL": "/bin/sh" if shutil.which("bash") is None else "/bin/bash",
+           "TDD_QUICK": "1", "OMP_NUM_THREADS": "1"}
+    args = f"LAB_ARGS=--no-browser --ip=127.0.0.1 --port={port} --IdentityProvider.token={token}"
+    server = make_lab(work, None, args, env=env, popen=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, f"make lab exited: {server.stdout.read()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "JupyterLab did not start within 120 s"
+                time.sleep(0.5)
+
+        second = make_lab(work, None, "LAB_ARGS=--no-browser", env=env, timeout=120)
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert "already running" in second.stdout and f":{port}/" in second.stdout, second.stdout
+
+        command = _start_here_command(work, tmp_path)
+        first = registry.CHAPTERS[0]
+        out = _terminal_run(base, token, command, re.compile(r"visible score: \d+/\d+|No module named|Traceback \(most"))
+        assert "No module named" not in out and "Traceback" not in out, out[-3000:]
+        assert f"visible score: 0/{first.points}" in out, out[-3000:]
+        assert "not done yet" in out
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()

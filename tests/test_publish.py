@@ -1,0 +1,205 @@
+"""The student edition (`python -m autograder publish`): it works for a learner and hides what it must."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from autograder import publish, registry
+
+ROOT = Path(__file__).resolve().parent.parent
+FIRST = registry.CHAPTERS[0]
+SOLUTION_MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.MULTILINE)
+
+
+def _publish(dest: Path, *answers: str) -> subprocess.CompletedProcess:
+    args = [a for chapter in answers for a in ("--answers", chapter)]
+    return subprocess.run([sys.executable, "-m", "autograder", "publish", str(dest), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _in_edition(edition: Path, code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` with the edition's packages first on the path (as its own install would)."""
+    env = {**os.environ, "PYTHONPATH": str(edition)}
+    return subprocess.run([sys.executable, "-c", code], cwd=edition, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def edition(tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("edition") / "student"
+    out = _publish(dest)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "withheld solutions.attention" in out.stdout
+    return dest
+
+
+@pytest.mark.slow
+def test_student_edition_has_no_solution_region_hidden_test_or_source(edition):
+    assert not (edition / "autograder" / "source").exists()
+    assert not (edition / "tests").exists()
+    for path in edition.rglob("*"):
+        if not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        if path.suffix == ".ipynb":
+            text = "\n".join("".join(c.get("source", "")) for c in json.loads(text)["cells"])
+        assert not publish.REGION.search(text), f"{path.relative_to(edition)} has a solution or hidden-test region"
+
+
+def _hidden_arguments(source: str) -> list[str]:
+    """The hidden-cases argument of every Check(...) call in ``source``, as source text."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Check":
+            found += [ast.unparse(v) for v in [kw.value for kw in node.keywords if kw.arg == "hidden"] + node.args[2:3]]
+    return found
+
+
+@pytest.mark.slow
+def test_student_edition_checks_have_no_hidden_case(edition):
+    # Chapter 1's checks import in the edition (its answers withheld): no Check has a hidden case.
+    code = ("import json; from autograder import registry\n"
+            f"print(json.dumps({{n: len(k.hidden) for n, k in registry.get({FIRST.id!r}).load_checks().items()}}))")
+    out = _in_edition(edition, code)
+    assert out.returncode == 0, out.stderr
+    counts = json.loads(out.stdout)
+    assert counts and set(counts.values()) == {0}, counts
+    # Every chapter's checks module, read: each Check's hidden cases are ().
+    for chapter in registry.CHAPTERS:
+        source = (edition / Path(*chapter.checks.split("."))).with_suffix(".py").read_text()
+        assert set(_hidden_arguments(source)) <= {"()"}, chapter.checks
+        original = (ROOT / Path(*chapter.checks.split("."))).with_suffix(".py").read_text()
+        assert set(_hidden_arguments(original)) - {"()"}, f"{chapter.checks}: no hidden case to remove in the source"
+    hidden = publish.hidden_case_names()
+    assert any(hidden.values()), "the instructor's checks have hidden cases: the test would prove nothing"
+    for chapter in registry.CHAPTERS:
+        source = (edition / Path(*chapter.checks.split("."))).with_suffix(".py").read_text()
+        strings = {n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        assert not hidden[chapter.checks] & strings, f"{chapter.checks}: hidden cases left in the edition"
+
+
+@pytest.mark.slow
+def test_student_edition_withholds_every_answer_module_by_default(edition):
+    for chapter in registry.CHAPTERS:
+        for module in chapter.answers:
+            path = (edition / Path(*module.split("."))).with_suffix(".py")
+            text = path.read_text()
+            for exercise in chapter.exercises:
+                if exercise.module == module:
+                    assert not re.search(rf"\b(def|class) {exercise.target}\b", text), f"{module}:{exercise.target}"
+            out = _in_edition(edition, f"import {module}")
+            assert out.returncode != 0 and "withheld in this student edition" in out.stderr, out.stderr[-500:]
+    assert json.loads((edition / publish.MARKER).read_text())["answers"] == []
+
+
+@pytest.mark.slow
+def test_student_edition_runs_chapter_1_with_a_learners_answers(edition, monkeypatch):
+    """The learner's notebook, answers filled in: every visible test passes with the answers withheld."""
+    notebook = edition / "course" / FIRST.id / FIRST.notebook
+    nb = nbformat.read(notebook, as_version=4)
+    source = nbformat.read(FIRST.source_path(), as_version=4)
+    answers = {c.metadata["nbgrader"]["grade_id"]: SOLUTION_MARKERS.sub("", c.source)
+               for c in source.cells if c.metadata.get("nbgrader", {}).get("solution")}
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            cell.source = answers[cell.metadata["nbgrader"]["grade_id"]]
+    monkeypatch.setenv("PYTHONPATH", str(edition))
+    monkeypatch.setenv("TDD_QUICK", "1")
+    nb.cells.insert(0, nbformat.v4.new_code_cell("import autograder, solutions\nprint('from', autograder.__file__, solutions.__file__)"))
+    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(notebook.parent)}}).execute()
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert printed.count(f"from {edition}") == 1 and str(ROOT / "solutions") not in printed.split("\n")[0]
+    assert not errors, [f"{e.ename}: {e.evalue}" for e in errors]
+    assert printed.count("visible checks passed") == len(FIRST.exercises), printed[-2000:]
+
+    out = subprocess.run([sys.executable, "-m", "autograder", "check", str(notebook)], cwd=edition,
+                         env={**os.environ}, capture_output=True, text=True, timeout=600)
+    # the untouched release in the edition: the self-check runs there and scores 0
+    assert out.returncode == 0, out.stderr
+    assert f"visible score: 0/{FIRST.points}" in out.stdout, out.stdout
+
+
+@pytest.mark.slow
+def test_publish_again_releases_a_chapters_answers_and_keeps_git(edition, tmp_path):
+    dest = tmp_path / "student"
+    assert _publish(dest).returncode == 0
+    (dest / ".git").mkdir()
+    (dest / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    out = _publish(dest, FIRST.id)
+    assert out.returncode == 0, out.stderr
+    for module in FIRST.answers:
+        path = Path(*module.split(".")).with_suffix(".py")
+        assert (dest / path).read_text() == (ROOT / path).read_text()
+    assert (dest / ".git" / "HEAD").is_file()
+    assert json.loads((dest / publish.MARKER).read_text())["answers"] == [FIRST.id]
+
+
+@pytest.mark.slow
+def test_publish_refuses_a_folder_that_is_not_an_edition_and_the_repository(tmp_path):
+    dest = tmp_path / "thesis"
+    dest.mkdir()
+    (dest / "chapter1.tex").write_text("mine")
+    out = _publish(dest)
+    assert out.returncode == 1 and "not an earlier student edition" in out.stderr
+    assert (dest / "chapter1.tex").read_text() == "mine"
+    out = _publish(ROOT / "solutions")
+    assert out.returncode == 1 and "outside the repository" in out.stderr
+    out = _publish(tmp_path / "x", "99_nothing")
+    assert out.returncode == 1 and "no such chapter" in out.stderr
+
+
+def test_strip_hidden_removes_hidden_cases_and_their_private_helpers():
+    source = '''
+from autograder.checks.core import Case, Check
+
+def _shared(g): return {}
+def _only_hidden(g): return {}
+def _judge(i, o): pass
+CHECKS = {
+    "f": Check(name="f", visible=(Case("v", _shared, "call", _judge),),
+               hidden=(Case("secret edge case", _only_hidden, "call", _judge),), forbidden=("x",)),
+    "g": Check("g", (Case("v2", _shared, "call", _judge),), (Case("another secret", _only_hidden, "call", _judge),)),
+}
+'''
+    stripped = publish.strip_hidden(source)
+    assert "secret" not in stripped and "_only_hidden" not in stripped
+    assert "_shared" in stripped and 'forbidden=("x",)' in stripped and "hidden=()" in stripped
+    namespace: dict = {}
+    exec(compile(stripped, "<checks>", "exec"), namespace)
+    assert all(check.hidden == () and len(check.visible) == 1 for check in namespace["CHECKS"].values())
+
+
+def test_withheld_modules_follow_imports():
+    withheld = publish.withheld_modules(set())
+    assert set(registry.answer_modules()) <= set(withheld)
+    everything = publish.withheld_modules(set(registry.ids()))
+    assert not set(registry.answer_modules()) & set(everything)
+    if len(registry.CHAPTERS) > 1:
+        second = registry.CHAPTERS[1]
+        needs_first = any(m in publish.imported_modules((ROOT / Path(*a.split("."))).with_suffix(".py").read_text())
+                          for a in second.answers for m in FIRST.answers)
+        if needs_first:
+            with pytest.raises(publish.PublishError, match="release that chapter's answers too"):
+                publish.withheld_modules({second.id})
+
+
+def test_make_student_edition_passes_dest_and_answers():
+    out = subprocess.run(["make", "-n", "-C", str(ROOT), "-o", ".venv/.installed", "student-edition",
+                          "DEST=../student", "ANSWERS=01_a 02_b"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "-m autograder publish \"../student\" --answers 01_a --answers 02_b" in out.stdout
+    usage = subprocess.run(["make", "-C", str(ROOT), "-o", ".venv/.installed", "student-edition"],
+                           capture_output=True, text=True, timeout=60)
+    assert usage.returncode != 0 and "usage: make student-edition DEST=folder" in usage.stdout

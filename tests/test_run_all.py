@@ -1,0 +1,110 @@
+"""Run All on a chapter nobody has started runs every cell, and still scores 0.
+
+The release tags each graded test cell `raises-exception`: JupyterLab's Run All (the browser
+test shows it), nbclient and nbconvert then go on past that cell's error. nbgrader grades a
+test cell by the error in its output, not by its tags, and `autograder grade` never reads the
+notebook's test cells at all: an unfinished exercise still scores 0 in both.
+
+Here nbclient stands for Run All: with ``allow_errors=False`` it stops at the first error in a
+cell without the tag, as JupyterLab does.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from autograder import registry
+from autograder.release import RUN_ALL_TAG
+
+CHAPTERS = [c for c in registry.CHAPTERS if c.release_path().is_file()]
+pytestmark = pytest.mark.skipif(not CHAPTERS, reason="no chapter released in course/")
+
+
+def _meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def _is_test_cell(cell) -> bool:
+    return bool(_meta(cell).get("grade")) and not _meta(cell).get("solution")
+
+
+def _quick_env(monkeypatch) -> None:
+    for key, value in {"TDD_QUICK": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "module://matplotlib_inline.backend_inline"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.id)
+def test_release_tags_exactly_the_test_cells_raises_exception(chapter):
+    nb = nbformat.read(chapter.release_path(), as_version=4)
+    tagged = [_meta(c).get("grade_id") for c in nb.cells if RUN_ALL_TAG in c.get("metadata", {}).get("tags", [])]
+    assert tagged == [f"{ex.name}_tests" for ex in chapter.exercises]
+    assert all(_is_test_cell(c) for c in nb.cells if RUN_ALL_TAG in c.get("metadata", {}).get("tags", []))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.id)
+def test_run_all_on_an_untouched_release_executes_every_cell(chapter, tmp_path, monkeypatch):
+    _quick_env(monkeypatch)
+    nb = nbformat.read(chapter.release_path(), as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=False,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()  # stops at an untagged error
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count for c in code), "a code cell did not run"
+    errors = {_meta(c).get("grade_id"): o for c in code for o in c.outputs if o.output_type == "error"}
+    assert set(errors) == {f"{ex.name}_tests" for ex in chapter.exercises}
+    for grade_id, error in errors.items():
+        assert error.ename == "NotDone", (grade_id, error.ename)
+        assert len(error.traceback) == 1 and "not done yet" in error.traceback[0], error.traceback  # one line
+    # the cells below the first unfinished exercise ran and showed something (widgets, figures, or a
+    # demo's "run it again once that exercise is done")
+    first_test = next(i for i, c in enumerate(nb.cells) if _is_test_cell(c))
+    shown = [o for c in nb.cells[first_test + 1:] if c.cell_type == "code" and not _is_test_cell(c) for o in c.outputs]
+    assert shown, "nothing was shown below the first exercise"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_nbgrader_validate_still_fails_an_untouched_release(tmp_path, monkeypatch):
+    _quick_env(monkeypatch)
+    chapter = CHAPTERS[0]
+    notebook = tmp_path / chapter.notebook
+    shutil.copyfile(chapter.release_path(), notebook)
+    out = subprocess.run([sys.executable, "-m", "nbgrader", "validate", str(notebook)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    text = out.stdout + out.stderr
+    assert "Success! Your notebook passes all the tests." not in text
+    assert f"VALIDATION FAILED ON {len(chapter.exercises)} CELL(S)" in text, text[-3000:]
+    for exercise in chapter.exercises:  # nbgrader shortens each error to its first characters
+        assert f"✗ {exercise.name}:" in text, text[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_autograder_grade_scores_an_untouched_release_zero(tmp_path):
+    """An LMS-style flat folder with each chapter's untouched release: every exercise 0 points, 'missing'."""
+    submissions = tmp_path / "submitted"
+    submissions.mkdir()
+    for chapter in CHAPTERS:
+        shutil.copyfile(chapter.release_path(), submissions / f"alice_{chapter.notebook}")
+    out_csv = tmp_path / "grades.csv"
+    out = subprocess.run([sys.executable, "-m", "autograder", "grade", str(submissions), "--out", str(out_csv),
+                          "--gradebook", "none", "--jobs", "2"], capture_output=True, text=True, timeout=1100,
+                         env={**os.environ, "TDD_QUICK": "1"})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    rows = list(csv.DictReader(out_csv.open()))
+    assert len(rows) == sum(len(c.exercises) for c in CHAPTERS)
+    assert {r["student"] for r in rows} == {"alice"}
+    assert all(float(r["points"]) == 0 for r in rows), [r for r in rows if float(r["points"])]
+    assert {r["status"] for r in rows} == {"missing"}, {r["status"] for r in rows}
+    assert sum(float(r["max_points"]) for r in rows) == sum(c.points for c in CHAPTERS)
