@@ -33,7 +33,8 @@ SHOWN = 20  # problems listed before "... and N more"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dirs", type=Path, nargs="+", metavar="DIR",
-                        help="the shards' folders (each the folder of a shard's --out DIR/grades.csv)")
+                        help="the shards' folders (each the folder of a shard's --out DIR/grades.csv; "
+                             "DIR/grades.csv itself is taken as DIR)")
     parser.add_argument("--plan", type=Path, required=True, help="the plan the shards graded")
     parser.add_argument("--out", type=Path, default=Path("grades.csv"), help="the CSV to write (default grades.csv)")
     parser.add_argument("--gradebook", default=None,
@@ -51,7 +52,8 @@ def collect(dirs: list[Path], plan: plans.Plan) -> Collected:
     """The finished shards' results found in ``dirs``, by shard index."""
     out = Collected()
     for folder in dirs:
-        files = sorted(Path(folder).glob("shard-*-of-*.json")) if Path(folder).is_dir() else []
+        folder = Path(folder).parent if Path(folder).is_file() else Path(folder)  # DIR/grades.csv names DIR too
+        files = sorted(folder.glob("shard-*-of-*.json")) if folder.is_dir() else []
         if not files:
             out.errors.append(f"{folder}: no finished shard in it (still running, killed, or not a shard's folder)")
         for path in files:
@@ -143,18 +145,18 @@ def _gradebook(url: str | None, results: list[dict]) -> int:
 
     if url is None and Path("gradebook.db").exists():
         url = f"sqlite:///{Path('gradebook.db').resolve()}"
-    if url in (None, "none"):
+    todo = [res for res in results if grade.in_gradebook(res)]
+    if url in (None, "none") or not todo:
         return 0
     from autograder import gradebook
 
     book, failed = gradebook.Recorder(url), 0
     with book.session():
-        for res in results:
-            if grade.in_gradebook(res):
-                try:
-                    book.record(res)
-                except Exception as err:  # noqa: BLE001 — the CSV is written; say which submission it lacks
-                    failed += 1
-                    print(f"error: the gradebook could not record {printable(res['student'])}: "
-                          f"{type(err).__name__}", file=sys.stderr)
+        for res in todo:
+            try:
+                book.record(res)
+            except Exception as err:  # noqa: BLE001 — the CSV is written; say which submission it lacks
+                failed += 1
+                print(f"error: the gradebook could not record {printable(res['student'])}: {type(err).__name__}",
+                      file=sys.stderr)
     return failed

@@ -361,6 +361,7 @@ def test_merge_is_idempotent_and_atomic(stale_class, capsys):
     dirs = [tmp / "results" / f"shard-{i}" for i in range(3)]
     assert _cli(capsys, "merge", *dirs, "--plan", tmp / "plan.json", "--out", tmp / "grades.csv")[0] == 0
     first = (tmp / "grades.csv").read_bytes()
+    dirs[0] = dirs[0] / "grades.csv"  # a shard's --out names its folder too
     assert _cli(capsys, "merge", *reversed(dirs), "--plan", tmp / "plan.json", "--out", tmp / "grades.csv")[0] == 0
     assert (tmp / "grades.csv").read_bytes() == first
     assert [p.name for p in tmp.iterdir() if p.name.startswith(".grades.csv")] == []  # no temp file left
