@@ -375,6 +375,13 @@ needs_sandbox = pytest.mark.skipif(
            "namespaces (CI installs it as root)")
 
 
+def graded_for_real(test):
+    """Needs bubblewrap, takes minutes (the module's fixture grades the class three times over)."""
+    for mark in (needs_sandbox, pytest.mark.sandbox, pytest.mark.slow, pytest.mark.timeout(2400)):
+        test = mark(test)
+    return test
+
+
 def _nbgrader_collect(course: Path, exchange: Path, work: Path, notebooks: dict[tuple[str, str], list]) -> None:
     """Release, submit (as each student) and collect through nbgrader's own exchange."""
     from nbgrader.auth import Authenticator
@@ -503,10 +510,7 @@ def _six(path: Path) -> list[tuple]:
                   for r in record.read_csv(path))
 
 
-@needs_sandbox
-@pytest.mark.sandbox
-@pytest.mark.slow
-@pytest.mark.timeout(2400)
+@graded_for_real
 def test_sharded_grading_equals_unsharded(sharded):
     for index, (code, _, err) in sharded["shards"].items():
         assert code == 0, (index, err[-3000:])
@@ -520,10 +524,7 @@ def test_sharded_grading_equals_unsharded(sharded):
     assert unfailed == [r for r in record.read_csv(reference) if r["status"] != status.FAILED]  # same reasons too
 
 
-@needs_sandbox
-@pytest.mark.sandbox
-@pytest.mark.slow
-@pytest.mark.timeout(2400)
+@graded_for_real
 def test_sharded_shard_killed_with_sigkill_and_rerun_completes(sharded):
     victim = sharded["victim"]
     assert sharded["killed"]["state"], "the shard was killed before it graded anything"
@@ -534,10 +535,7 @@ def test_sharded_shard_killed_with_sigkill_and_rerun_completes(sharded):
     assert (sharded["course"] / "grading" / f"shard-{victim}" / f"shard-{victim}-of-3.json").exists()
 
 
-@needs_sandbox
-@pytest.mark.sandbox
-@pytest.mark.slow
-@pytest.mark.timeout(2400)
+@graded_for_real
 def test_sharded_collect_layout_is_graded_in_place(sharded):
     subs = sharded["course"] / "submitted"
     assert _hashes(subs) == sharded["before"]  # read, never written
@@ -549,10 +547,7 @@ def test_sharded_collect_layout_is_graded_in_place(sharded):
     assert not any(p.name == "gradebook.db" for p in (sharded["course"] / "grading").rglob("*"))
 
 
-@needs_sandbox
-@pytest.mark.sandbox
-@pytest.mark.slow
-@pytest.mark.timeout(2400)
+@graded_for_real
 def test_sharded_merge_writes_the_gradebook_and_feedback_reads_it(sharded, tmp_path):
     from nbgrader.api import Gradebook
 
@@ -572,10 +567,7 @@ def test_sharded_merge_writes_the_gradebook_and_feedback_reads_it(sharded, tmp_p
     assert (tmp_path / "feedback" / "ana.html").read_text().count("<h2>") >= 2
 
 
-@needs_sandbox
-@pytest.mark.sandbox
-@pytest.mark.slow
-@pytest.mark.timeout(2400)
+@graded_for_real
 def test_sharded_merge_without_one_shard_fails_with_the_list(sharded):
     course = sharded["course"]
     done = _run("merge", course / "grading" / "shard-0", course / "grading" / "shard-1", "--plan",
