@@ -60,7 +60,8 @@ def collect(dirs: list[Path], plan: plans.Plan) -> Collected:
             try:
                 data = json.loads(path.read_bytes())
                 index, shards, results = int(data["shard"]), int(data["shards"]), data["results"]
-                if data.get("format") != shard.FORMAT or not isinstance(results, dict):
+                if data.get("format") != shard.FORMAT or not isinstance(results, dict) or not all(
+                        _is_result(r) for r in results.values()):
                     raise ValueError("not a shard record")
             except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
                 out.errors.append(f"{path}: not a finished shard's record ({type(err).__name__}); rerun that shard")
@@ -71,6 +72,14 @@ def collect(dirs: list[Path], plan: plans.Plan) -> Collected:
                 continue
             out.records.setdefault(index, []).append((path, results))
     return out
+
+
+def _is_result(res) -> bool:
+    """Whether ``res`` has what the CSV and the gradebook read of a result."""
+    return (isinstance(res, dict) and all(isinstance(res.get(k), str) for k in ("student", "submission", "sha256"))
+            and isinstance(res.get("rows"), list) and all(
+                isinstance(r, dict) and {"exercise", "points", "max_points", "status", "reason"} <= r.keys()
+                for r in res["rows"]))
 
 
 def problems(plan: plans.Plan, found: Collected) -> tuple[list[str], dict[str, dict]]:

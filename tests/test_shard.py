@@ -315,6 +315,10 @@ def test_merge_refuses_a_killed_shard_and_lists_its_entries(stale_class, capsys)
     dirs = [tmp / "results" / f"shard-{i}" for i in range(3)]
     code, _, err = _cli(capsys, "merge", *dirs, "--plan", tmp / "plan.json", "--out", tmp / "grades.csv")
     assert code == 1 and "shard 1/3 lacks 1 result(s)" in err
+    data["results"][lost] = {"rows": "not rows"}  # a record that is JSON but not results
+    finished.write_text(json.dumps(data))
+    code, _, err = _cli(capsys, "merge", *dirs, "--plan", tmp / "plan.json", "--out", tmp / "grades.csv")
+    assert code == 1 and "not a finished shard's record" in err
     finished.write_text(finished.read_text()[:40])  # a record cut short
     code, _, err = _cli(capsys, "merge", *dirs, "--plan", tmp / "plan.json", "--out", tmp / "grades.csv")
     assert code == 1 and "not a finished shard's record" in err and "missing shard(s) 1/3" in err
