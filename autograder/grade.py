@@ -412,17 +412,17 @@ def in_gradebook(res: dict) -> bool:
 
 def summary(results: list[dict], out: Path) -> None:
     counts: dict[str, int] = {}
+    totals: dict[str, list] = {}  # student -> [score, top], in one pass (a class may have 10,000 students)
     for res in results:
+        total = totals.setdefault(res["student"], [0, 0])
         for r in res["rows"]:
             counts[r["status"]] = counts.get(r["status"], 0) + 1
-    students = sorted({r["student"] for r in results})
+            total[0] += r["points"]
+            total[1] += r["max_points"]
     notebooks = sum(1 for r in results if r["sha256"])
-    print(f"graded {notebooks} notebook(s) of {len(students)} student(s) -> {out}")
+    print(f"graded {notebooks} notebook(s) of {len(totals)} student(s) -> {out}")
     print("  " + ", ".join(f"{s}: {n}" for s, n in sorted(counts.items())))
-    for student in students:
-        mine = [r for r in results if r["student"] == student]
-        score = sum(row["points"] for r in mine for row in r["rows"])
-        top = sum(row["max_points"] for r in mine for row in r["rows"])
+    for student, (score, top) in sorted(totals.items()):
         print(f"  {printable(student)}: {score:g}/{top:g}")
 
 

@@ -279,6 +279,17 @@ def test_restale_turns_a_result_of_other_bytes_into_stale_rows():
 # --- merge -------------------------------------------------------------------------------
 
 
+def test_summary_totals_each_student_once(capsys):
+    """merge prints grade's summary; a student's notebooks may come from different shards, in any order."""
+    def res(student, points, top, st="passed"):
+        return grade.result(student, f"{student}/x.ipynb", CH1.id, [
+            {"exercise": "e", "points": points, "max_points": top, "status": st, "reason": ""}], "s")
+    grade.summary([res("bo", 1, 2), res("al", 0, 3, "failed"), res("bo", 2, 2), res("al", 3, 3)], Path("g.csv"))
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["graded 4 notebook(s) of 2 student(s) -> g.csv", "  failed: 1, passed: 3", "  al: 3/6", "  bo: 3/4"]
+
+
+
 def test_merge_refuses_a_missing_shard_and_lists_it(stale_class, capsys):
     tmp, subs, _ = stale_class
     for index in (0, 2):
