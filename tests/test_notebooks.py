@@ -157,6 +157,11 @@ def test_release_stubs_fail_only_in_test_cells(course, chapter):
     assert {grade_id for _, grade_id, _ in errors} == graded, (
         f"{chapter}: with the stubs, exactly the test cells must fail; errors: {errors}")
     assert all(ename == "NotDone" for *_, ename in errors), errors
+    for cell in nb.cells:  # a failing check reads as one line, not a traceback through the checks' code
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                assert len(out["traceback"]) == 1 and "✗" in out["traceback"][0], out["traceback"]
+                assert "not done yet" in out["traceback"][0]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)

@@ -23,7 +23,9 @@ Which exercises exist and what they are worth is not said here but in
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -230,6 +232,18 @@ def notebook_seeds(level: str, seed: int) -> Callable[[Case], list[int]]:
     return lambda case: [seed] if level == "visible" else [seed, seed + 1, seed + 2]
 
 
+def _static_flag(obj: Any, check: Check, answers: tuple[str, ...]) -> str | None:
+    """The grader's static no-delegation pass, on the source of ``obj`` when Python can find it."""
+    from autograder.checks import honesty
+
+    try:
+        source = inspect.getsource(obj)
+    except (OSError, TypeError):  # e.g. a class defined in a notebook cell, or a builtin
+        return None
+    return honesty.delegation([textwrap.dedent(source)], getattr(obj, "__name__", check.name), check.forbidden,
+                              answers)
+
+
 def run(checks_module: str, name: str, obj: Any, *, level: str = "visible", seed: int = 0, quiet: bool = False) -> None:
     """Check the learner's ``obj`` for exercise ``name`` of ``checks_module`` in this process.
 
@@ -244,6 +258,9 @@ def run(checks_module: str, name: str, obj: Any, *, level: str = "visible", seed
         raise ValueError(f"name must be one of {sorted(checks)}; got {name!r}")
     chapter = registry.chapter_of_checks(checks_module)
     check = checks[name]
+    flagged = _static_flag(obj, check, chapter.answers)
+    if flagged:
+        raise CheckFailed(f"{name}: not accepted: your code {flagged}")
     verdict = judge_check(check, local_probe(obj, check.forbidden, chapter.answer_files()),
                           notebook_seeds(level, seed), level=level)
     if verdict.status == status.MISSING:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+from dataclasses import dataclass, field
 from typing import Iterable
 
 _BY_NAME = ("getattr", "__import__", "import_module", "eval", "exec", "compile", "attrgetter")
@@ -105,64 +106,93 @@ def _forbidden_value(node: ast.AST, torch_names: set[str], aliases: set[str], fo
     return None
 
 
-def delegation(sources: list[str], target: str, forbidden: tuple[str, ...], answers: tuple[str, ...]) -> str | None:
-    """Why the code in ``sources`` (cells, or a function's source) delegates ``target``, or None."""
-    trees = [t for t in (parse(s) for s in sources) if t is not None]
-    torch_names = _torch_aliases(trees)
-    aliases: set[str] = set()  # names bound to a forbidden function, in any cell
-    answer_names: set[str] = set()  # names bound to an answer module or one of its members
-    package_names: set[str] = set()  # names bound to the `solutions` package itself
+@dataclass
+class _Bindings:
+    """What the cells bind: names of torch modules, of forbidden functions, of answer modules."""
+
+    torch: set[str]
+    aliases: set[str] = field(default_factory=set)  # bound to a forbidden function, in any cell
+    answers: set[str] = field(default_factory=set)  # bound to an answer module or one of its members
+    package: set[str] = field(default_factory=set)  # bound to the `solutions` package itself
+
+
+def _bindings(trees: list[ast.AST], forbidden: tuple[str, ...], answers: tuple[str, ...]) -> _Bindings:
+    found = _Bindings(torch=_torch_aliases(trees))
     for tree in trees:
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module:
                 if (node.module.startswith("torch") and not node.module.startswith("torchvision")
                         and any(_matches(a.name, forbidden) for a in node.names)):
-                    aliases.update(a.asname or a.name for a in node.names if _matches(a.name, forbidden))
+                    found.aliases.update(a.asname or a.name for a in node.names if _matches(a.name, forbidden))
                 if _is_answer_module(node.module, answers):
-                    answer_names.update(a.asname or a.name for a in node.names)
+                    found.answers.update(a.asname or a.name for a in node.names)
                 elif node.module == "solutions":
-                    answer_names.update(a.asname or a.name for a in node.names
-                                        if _is_answer_module(f"solutions.{a.name}", answers))
+                    found.answers.update(a.asname or a.name for a in node.names
+                                         if _is_answer_module(f"solutions.{a.name}", answers))
             elif isinstance(node, ast.Import):
                 for a in node.names:
                     if a.asname and _is_answer_module(a.name, answers):
-                        answer_names.add(a.asname)
+                        found.answers.add(a.asname)
                     elif a.name == "solutions" or (a.name.startswith("solutions.") and not a.asname):
-                        package_names.add(a.asname or "solutions")
-            elif isinstance(node, ast.Assign) and _forbidden_value(node.value, torch_names, aliases, forbidden):
-                aliases.update(t.id for t in node.targets if isinstance(t, ast.Name))
+                        found.package.add(a.asname or "solutions")
+            elif isinstance(node, ast.Assign) and _forbidden_value(node.value, found.torch, found.aliases, forbidden):
+                found.aliases.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return found
+
+
+def _by_name(node: ast.Call, forbidden: tuple[str, ...], answers: tuple[str, ...]) -> str | None:
+    """``getattr(torch, "softmax")``, ``import_module("solutions.attention")``...: why it delegates, or None."""
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    if name not in _BY_NAME:
+        return None
+    for arg in node.args:
+        for const in ast.walk(arg):
+            if isinstance(const, ast.Constant) and isinstance(const.value, str):
+                text = const.value
+                if any(_matches(part, forbidden) for part in text.replace("(", ".").split(".")):
+                    return f"reaches `{text[:40]}` by name, which this exercise asks you to write yourself"
+                if text.startswith("solutions") and answers:
+                    return "reaches the library's answer by name instead of solving the exercise"
+    return None
+
+
+def _node_delegates(node: ast.AST, bound: _Bindings, forbidden: tuple[str, ...], answers: tuple[str, ...]) -> str | None:
+    if isinstance(node, ast.ImportFrom) and node.module and (
+            _is_answer_module(node.module, answers)
+            or (node.module == "solutions" and any(_is_answer_module(f"solutions.{a.name}", answers)
+                                                   for a in node.names))):
+        return f"imports {node.module} (the library's answer) instead of solving the exercise"
+    if isinstance(node, ast.Import) and any(_is_answer_module(a.name, answers) for a in node.names):
+        return "imports the library's answer instead of solving the exercise"
+    if isinstance(node, ast.Name) and node.id in bound.answers and not isinstance(node.ctx, ast.Store):
+        return f"uses the library's answer ({node.id}) instead of solving the exercise"
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound.package
+            and _is_answer_module(f"solutions.{node.attr}", answers)):
+        return f"uses the library's answer (solutions.{node.attr}) instead of solving the exercise"
+    found = _forbidden_value(node, bound.torch, bound.aliases, forbidden)
+    if found and not isinstance(getattr(node, "ctx", None), ast.Store):
+        return f"uses {found}, which this exercise asks you to write yourself"
+    if isinstance(node, ast.Call):
+        return _by_name(node, forbidden, answers)
+    return None
+
+
+def delegation(sources: list[str], target: str, forbidden: tuple[str, ...], answers: tuple[str, ...]) -> str | None:
+    """Why the code in ``sources`` (cells, or a function's source) delegates ``target``, or None.
+
+    With several sources (a notebook's cells), only the cells that define ``target`` are read,
+    with the names the other cells bound.
+    """
+    trees = [t for t in (parse(s) for s in sources) if t is not None]
+    bound = _bindings(trees, forbidden, answers)
     for tree in trees:
         if len(sources) > 1 and not defines(tree, target):
             continue
         ignored = _ignored(tree)
         for node in ast.walk(tree):
-            if id(node) in ignored:
-                continue
-            if isinstance(node, ast.ImportFrom) and node.module and (
-                    _is_answer_module(node.module, answers)
-                    or (node.module == "solutions" and any(_is_answer_module(f"solutions.{a.name}", answers)
-                                                           for a in node.names))):
-                return f"imports {node.module} (the library's answer) instead of solving the exercise"
-            if isinstance(node, ast.Import) and any(_is_answer_module(a.name, answers) for a in node.names):
-                return "imports the library's answer instead of solving the exercise"
-            if isinstance(node, ast.Name) and node.id in answer_names and not isinstance(node.ctx, ast.Store):
-                return f"uses the library's answer ({node.id}) instead of solving the exercise"
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in package_names
-                    and _is_answer_module(f"solutions.{node.attr}", answers)):
-                return f"uses the library's answer (solutions.{node.attr}) instead of solving the exercise"
-            found = _forbidden_value(node, torch_names, aliases, forbidden)
-            if found and not isinstance(getattr(node, "ctx", None), ast.Store):
-                return f"uses {found}, which this exercise asks you to write yourself"
-            if isinstance(node, ast.Call):
-                func = node.func
-                name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-                if name in _BY_NAME:
-                    for arg in node.args:
-                        for const in ast.walk(arg):
-                            if isinstance(const, ast.Constant) and isinstance(const.value, str):
-                                text = const.value
-                                if any(_matches(part, forbidden) for part in text.replace("(", ".").split(".")):
-                                    return f"reaches `{text[:40]}` by name, which this exercise asks you to write yourself"
-                                if text.startswith("solutions") and answers:
-                                    return "reaches the library's answer by name instead of solving the exercise"
+            if id(node) not in ignored:
+                why = _node_delegates(node, bound, forbidden, answers)
+                if why:
+                    return why
     return None

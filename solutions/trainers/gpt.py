@@ -136,20 +136,10 @@ def build_model(config: dict) -> GPT:
     return GPT(GPTConfig(**config))
 
 
-def run(args: argparse.Namespace) -> dict:
-    _check_args(args)
-    device = torch.device(args.device) if isinstance(args.device, str) else args.device
-    data = load_text_dataset(args.data, args.val_fraction, args.block_size + 1, args.tokenizer, args.vocab_size)
-    model = build_model(model_config(args, len(data.vocab))).to(device)
-    config = model.config
+def fit(model: GPT, train: torch.Tensor, args: argparse.Namespace, device: torch.device) -> tuple[int, float]:
+    """AdamW with warmup + cosine (over steps or the time budget, whichever ends first), clipping; (steps, seconds)."""
     optimizer = torch.optim.AdamW(parameter_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
     generator = torch.Generator().manual_seed(args.seed)
-    n_params = sum(p.numel() for p in model.parameters())
-    unit = "characters" if args.tokenizer == "char" else "BPE tokens"
-    if not args.quiet:
-        print(f"{len(data.train):,} training / {len(data.val):,} held-out {unit} (the held-out tail is never "
-              f"trained on), vocab {len(data.vocab)}, {n_params:,} parameters")
-
     start = time.perf_counter()
     bar = tqdm(total=args.steps, disable=args.quiet, desc="gpt", unit="step")
     step, smoothed = 0, None
@@ -160,9 +150,8 @@ def run(args: argparse.Namespace) -> dict:
         progress = max(step / args.steps, elapsed / args.time_budget)
         for group in optimizer.param_groups:
             group["lr"] = args.lr * lr_factor(progress, step, args.warmup)
-        x, y = get_batch(data.train, args.batch_size, args.block_size, generator)
-        logits = model(x.to(device))
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten().to(device))
+        x, y = get_batch(train, args.batch_size, args.block_size, generator)
+        loss = F.cross_entropy(model(x.to(device)).flatten(0, 1), y.flatten().to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -172,25 +161,42 @@ def run(args: argparse.Namespace) -> dict:
         bar.update(1)
         bar.set_postfix(loss=f"{smoothed:.3f}")
     bar.close()
-    train_seconds = time.perf_counter() - start
+    return step, time.perf_counter() - start
+
+
+def print_samples(model: GPT, data, args: argparse.Namespace, device: torch.device) -> None:
+    """``--samples`` continuations of the start of the held-out text, with the KV cache."""
+    prompt_text = data.vocab.decode(data.val[:1])
+    for i in range(args.samples):
+        prompt = torch.tensor([data.vocab.encode(prompt_text)], device=device)
+        n_new = min(args.sample_tokens, model.config.max_len - prompt.shape[1])
+        out = generate(model, prompt, n_new, temperature=args.temperature, top_k=args.top_k,
+                       generator=torch.Generator(device=device).manual_seed(args.seed + i))
+        print(f"--- sample {i + 1} ---\n{data.vocab.decode(out[0])}")
+
+
+def run(args: argparse.Namespace) -> dict:
+    _check_args(args)
+    device = torch.device(args.device) if isinstance(args.device, str) else args.device
+    data = load_text_dataset(args.data, args.val_fraction, args.block_size + 1, args.tokenizer, args.vocab_size)
+    model = build_model(model_config(args, len(data.vocab))).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    unit = "characters" if args.tokenizer == "char" else "BPE tokens"
+    if not args.quiet:
+        print(f"{len(data.train):,} training / {len(data.val):,} held-out {unit} (the held-out tail is never "
+              f"trained on), vocab {len(data.vocab)}, {n_params:,} parameters")
+    step, train_seconds = fit(model, data.train, args, device)
 
     val_loss = evaluate(model, data.val, args.block_size, args.eval_chars)
     per = "char" if args.tokenizer == "char" else "token"
     print(f"val_loss {val_loss:.3f} nats/{per} (unigram baseline {data.unigram_loss:.3f}) "
           f"after {step} steps in {train_seconds:.0f} s")
-    prompt_text = data.vocab.decode(data.val[:1])
-    for i in range(args.samples):
-        prompt = torch.tensor([data.vocab.encode(prompt_text)], device=device)
-        n_new = min(args.sample_tokens, config.max_len - prompt.shape[1])
-        out = generate(model, prompt, n_new, temperature=args.temperature, top_k=args.top_k,
-                       generator=torch.Generator(device=device).manual_seed(args.seed + i))
-        print(f"--- sample {i + 1} ---\n{data.vocab.decode(out[0])}")
-
+    print_samples(model, data, args, device)
     metrics = {"val_loss": val_loss, "unigram_loss": data.unigram_loss, "steps": step,
                "train_seconds": round(train_seconds, 1), "tokenizer": args.tokenizer}
     if args.out is not None:
         source = "the embedded text" if args.data is None else str(args.data)
-        path = save_checkpoint(args.out, kind=KIND, config=asdict(config), model=model, metrics=metrics,
+        path = save_checkpoint(args.out, kind=KIND, config=asdict(model.config), model=model, metrics=metrics,
                                vocab={"tokenizer": data.vocab.to_dict()},
                                data={"source": source, "train_tokens": len(data.train), "val_tokens": len(data.val),
                                      "val_fraction": args.val_fraction})

@@ -201,16 +201,20 @@ def _check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}")
 
 
-def _run(args: argparse.Namespace) -> dict:
-    _check_args(args)
-    (train_x, train_y), (test_x, test_y), source, classes = load_data(args)
-    in_channels, image_size = train_x.shape[1], train_x.shape[-1]
-    if args.threads is not None or image_size <= 16:
-        torch.set_num_threads(args.threads or 1)
-    config = model_config(args, in_channels, image_size, len(classes))
-    model = build_model(config).to(args.device)
-    n_params = sum(p.numel() for p in model.parameters())
+def _shorten_to_budget(schedule: dict, step: int, seconds: float, args: argparse.Namespace, total_planned: int,
+                       steps_per_epoch: int) -> None:
+    """After ``step`` steps in ``seconds``: end the cosine early when the time budget cannot hold every step."""
+    affordable = int(args.time_budget / (seconds / step))
+    if affordable < schedule["total"]:
+        schedule["total"] = max(step, affordable)
+        schedule["warmup"] = min(schedule["warmup"], max(1, schedule["total"] // 10))
+        if not args.quiet:
+            tqdm.write(f"--time-budget {args.time_budget:g} s: training {schedule['total']} of "
+                       f"{total_planned} steps ({schedule['total'] / steps_per_epoch:.1f} epochs)")
 
+
+def fit(model: nn.Module, train_x: Tensor, train_y: Tensor, args: argparse.Namespace) -> tuple[int, float]:
+    """AdamW with warmup + cosine, label smoothing, clipping, random shifts; (steps done, seconds)."""
     optimizer = torch.optim.AdamW(parameter_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999))
     steps_per_epoch = math.ceil(len(train_x) / args.batch_size)
     # A mutable schedule: when the time budget cannot hold every epoch, the cosine is shortened to end in time.
@@ -219,10 +223,6 @@ def _run(args: argparse.Namespace) -> dict:
         optimizer, lambda step: warmup_cosine(step, schedule["warmup"], schedule["total"])
     )
     generator = torch.Generator().manual_seed(args.seed)
-
-    if not args.quiet:
-        print(f"{args.model} with {n_params:,} parameters on {source}: {len(classes)} classes, "
-              f"{len(train_x)} train / {len(test_x)} test images of {in_channels}×{image_size}×{image_size}")
     start = time.perf_counter()
     step, probe = 0, min(50, schedule["total"])
     progress = tqdm(total=schedule["total"], desc=f"train {args.model}", unit="step", disable=args.quiet)
@@ -231,9 +231,7 @@ def _run(args: argparse.Namespace) -> dict:
         order = torch.randperm(len(train_x), generator=generator)
         for i in range(0, len(order), args.batch_size):
             index = order[i:i + args.batch_size]
-            images = train_x[index]
-            if not args.no_augment:
-                images = random_shift(images, generator)
+            images = train_x[index] if args.no_augment else random_shift(train_x[index], generator)
             loss = F.cross_entropy(model(images.to(args.device)), train_y[index].to(args.device),
                                    label_smoothing=args.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
@@ -246,20 +244,30 @@ def _run(args: argparse.Namespace) -> dict:
             if step % 10 == 0:
                 progress.set_postfix(loss=f"{loss.item():.4f}", epoch=f"{step / steps_per_epoch:.1f}")
             if step == probe and args.time_budget:
-                affordable = int(args.time_budget / ((time.perf_counter() - start) / step))
-                if affordable < schedule["total"]:
-                    schedule["total"] = max(step, affordable)
-                    schedule["warmup"] = min(schedule["warmup"], max(1, schedule["total"] // 10))
-                    progress.total = schedule["total"]
-                    if not args.quiet:
-                        tqdm.write(f"--time-budget {args.time_budget:g} s: training {schedule['total']} of "
-                                   f"{args.epochs * steps_per_epoch} steps ({schedule['total'] / steps_per_epoch:.1f} epochs)")
+                _shorten_to_budget(schedule, step, time.perf_counter() - start, args,
+                                   args.epochs * steps_per_epoch, steps_per_epoch)
+                progress.total = schedule["total"]
             if step >= schedule["total"] or (args.time_budget and time.perf_counter() - start > args.time_budget):
                 schedule["total"] = step
                 break
     progress.close()
-    train_seconds = time.perf_counter() - start
-    epochs_done = round(step / steps_per_epoch, 2)
+    return step, time.perf_counter() - start
+
+
+def _run(args: argparse.Namespace) -> dict:
+    _check_args(args)
+    (train_x, train_y), (test_x, test_y), source, classes = load_data(args)
+    in_channels, image_size = train_x.shape[1], train_x.shape[-1]
+    if args.threads is not None or image_size <= 16:
+        torch.set_num_threads(args.threads or 1)
+    config = model_config(args, in_channels, image_size, len(classes))
+    model = build_model(config).to(args.device)
+    n_params = sum(p.numel() for p in model.parameters())
+    if not args.quiet:
+        print(f"{args.model} with {n_params:,} parameters on {source}: {len(classes)} classes, "
+              f"{len(train_x)} train / {len(test_x)} test images of {in_channels}×{image_size}×{image_size}")
+    step, train_seconds = fit(model, train_x, train_y, args)
+    epochs_done = round(step / math.ceil(len(train_x) / args.batch_size), 2)
 
     accuracy = evaluate(model, test_x, test_y, args.device)
     print(f"{args.model} test accuracy: {accuracy:.2%} on {len(test_x)} held-out images "
