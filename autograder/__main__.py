@@ -1,4 +1,4 @@
-"""``python -m autograder {release,check,grade,feedback,workspace,publish}``.
+"""``python -m autograder {release,check,grade,plan,merge,feedback,workspace,publish}``.
 
 Each command lives in its own module (``autograder/<command>.py``) that provides
 ``add_arguments(parser)`` and ``run(args) -> int`` (the exit status).
@@ -14,6 +14,8 @@ COMMANDS = {
     "release": ("release", "regenerate the student release course/ from autograder/source/ with nbgrader"),
     "check": ("selfcheck", "self-check: run a notebook's visible tests in a fresh kernel and print the score"),
     "grade": ("grade", "grade a folder of submissions in parallel, sandboxed, with the hidden tests"),
+    "plan": ("plan", "freeze the work list of a batch into shards, to grade on many machines (grade --plan --shard)"),
+    "merge": ("merge", "check that every shard of a plan finished and write the CSV and the gradebook"),
     "feedback": ("feedback", "write per-student HTML feedback from a grades.csv"),
     "workspace": ("workspace", "copy the course's new chapters into your work folder (work/); never overwrites your work"),
     "publish": ("publish", "write the student edition: the release without the answers not yet due or the hidden tests"),

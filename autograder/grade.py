@@ -1,5 +1,8 @@
 """``python -m autograder grade SUBMISSIONS --out grades.csv [--jobs N]``: batch grading.
 
+With ``--plan plan.json --shard i/N`` it grades one shard of a frozen plan instead
+(:mod:`autograder.shard`; steps 2–3 then come from the plan, and no gradebook is written).
+
 The steps, in order (each a function below):
 
 1. :func:`settings` — check the options;
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import dataclasses
 import hashlib
 import json
 import multiprocessing
@@ -32,7 +36,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
-from autograder import record, registry, sandbox, status, submissions, verdict
+from autograder import plan as plan_
+from autograder import record, registry, sandbox, shard, status, submissions, verdict
 from autograder.record import printable
 
 CSV_EVERY_SECONDS = 10.0
@@ -54,6 +59,8 @@ class Settings:
     max_bytes: int
     regrade: bool
     course_dir: Path
+    plan: plan_.Plan | None = None  # --plan: the frozen work list (a shard run)
+    shard: tuple[int, int] | None = None  # --shard: (index, shards)
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-notebook-mb", type=float, default=64.0,
                         help="larger files are not read, and graded invalid (default %(default)s)")
     parser.add_argument("--regrade", action="store_true", help="ignore earlier results and grade everything again")
+    parser.add_argument("--plan", type=Path, default=None,
+                        help="grade one shard of this plan (made by `python -m autograder plan`); needs --shard. "
+                             "The plan fixes the chapters and --max-notebook-mb; no gradebook is written "
+                             "(`python -m autograder merge` writes it)")
+    parser.add_argument("--shard", default=None, metavar="i/N",
+                        help="the shard to grade, 0 <= i < N; auto/N takes i from JOB_COMPLETION_INDEX "
+                             "(Kubernetes Indexed Job) or SLURM_ARRAY_TASK_ID (Slurm array). Use one --out "
+                             "folder per shard, e.g. results/shard-i/grades.csv")
 
 
 class BadInput(Exception):
@@ -139,12 +154,44 @@ def settings(args: argparse.Namespace) -> Settings:
         hide.append(str(Path(gradebook.removeprefix("sqlite:///")).resolve().parent))
     limits = sandbox.Limits(cell_seconds=args.cell_timeout, notebook_seconds=args.notebook_timeout,
                             memory_bytes=int(args.memory_gb * 2**30))
-    return Settings(root=root, out=out, state=state, jobs=args.jobs, chapters=tuple(args.chapter) if args.chapter else None,
-                    gradebook=gradebook, limits=limits, hide=tuple(hide), max_bytes=int(args.max_notebook_mb * 2**20),
-                    regrade=args.regrade, course_dir=Path(args.release).resolve())
+    cfg = Settings(root=root, out=out, state=state, jobs=args.jobs, chapters=tuple(args.chapter) if args.chapter else None,
+                   gradebook=gradebook, limits=limits, hide=tuple(hide), max_bytes=int(args.max_notebook_mb * 2**20),
+                   regrade=args.regrade, course_dir=Path(args.release).resolve())
+    return _shard_settings(args, cfg) if args.plan is not None or args.shard is not None else cfg
 
 
-# --- 3. plan -------------------------------------------------------------------------------
+def _shard_settings(args: argparse.Namespace, cfg: Settings) -> Settings:
+    if args.plan is None or args.shard is None:
+        raise BadInput("--plan and --shard go together: grade --plan plan.json --shard i/N --out DIR/grades.csv")
+    if args.chapter:
+        raise BadInput("--chapter is fixed by the plan (python -m autograder plan --chapter ...)")
+    if args.gradebook not in (None, "none"):
+        raise BadInput("a shard writes no gradebook: give --gradebook to `python -m autograder merge`")
+    try:
+        index, shards = shard.parse(args.shard)
+        frozen = plan_.load(args.plan)
+    except (shard.BadShard, plan_.BadPlan) as err:
+        raise BadInput(str(err)) from None
+    if shards != frozen.shards:
+        raise BadInput(f"--plan {args.plan} has {frozen.shards} shard(s); --shard says {shards}")
+    return dataclasses.replace(cfg, gradebook=None, chapters=frozen.chapters, max_bytes=frozen.max_bytes,
+                               plan=frozen, shard=(index, shards))
+
+
+# --- 2.-3. discover and plan ---------------------------------------------------------------
+
+
+def work_list(cfg: Settings) -> tuple[submissions.Discovery, list[Job], list[dict]]:
+    """Discover the submissions and :func:`plan` them; BadInput when there is nothing to grade."""
+    found = submissions.discover(cfg.root)
+    if not found.found:
+        raise BadInput(f"no notebook found in {cfg.root}"
+                       + (f" ({len(found.students)} student folder(s), all without notebooks)" if found.students
+                          else "") + f". {LAYOUT_HINT}")
+    jobs, fixed = plan(found, cfg)
+    if not jobs and not any(r["chapter"] for r in fixed):
+        raise BadInput(f"no notebook in {cfg.root} has a chapter's name. {LAYOUT_HINT}")
+    return found, jobs, fixed
 
 
 def _chapter_rows(chapter_id: str, status_: str, reason: str) -> list[dict]:
@@ -337,7 +384,7 @@ class Recorder:
 
     def add(self, res: dict, *, announce: bool = True) -> None:
         self.results.append(res)
-        if self.book is not None and res["chapter"] and res.get("kind", "graded") == "graded":
+        if self.book is not None and in_gradebook(res):
             try:
                 self.book.record(res)
             except Exception as err:  # noqa: BLE001 — the CSV stays right; say so once per failure
@@ -358,37 +405,39 @@ class Recorder:
         self.last_csv = time.monotonic()
 
 
+def in_gradebook(res: dict) -> bool:
+    """Whether a result is a submission the gradebook records (graded, or could not be read)."""
+    return bool(res["chapter"]) and res.get("kind", "graded") == "graded"
+
+
 def summary(results: list[dict], out: Path) -> None:
     counts: dict[str, int] = {}
+    totals: dict[str, list] = {}  # student -> [score, top], in one pass (a class may have 10,000 students)
     for res in results:
+        total = totals.setdefault(res["student"], [0, 0])
         for r in res["rows"]:
             counts[r["status"]] = counts.get(r["status"], 0) + 1
-    students = sorted({r["student"] for r in results})
+            total[0] += r["points"]
+            total[1] += r["max_points"]
     notebooks = sum(1 for r in results if r["sha256"])
-    print(f"graded {notebooks} notebook(s) of {len(students)} student(s) -> {out}")
+    print(f"graded {notebooks} notebook(s) of {len(totals)} student(s) -> {out}")
     print("  " + ", ".join(f"{s}: {n}" for s, n in sorted(counts.items())))
-    for student in students:
-        mine = [r for r in results if r["student"] == student]
-        score = sum(row["points"] for r in mine for row in r["rows"])
-        top = sum(row["max_points"] for r in mine for row in r["rows"])
+    for student, (score, top) in sorted(totals.items()):
         print(f"  {printable(student)}: {score:g}/{top:g}")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = settings(args)
-        found = submissions.discover(cfg.root)
-        if not found.found:
-            raise BadInput(f"no notebook found in {cfg.root}"
-                           + (f" ({len(found.students)} student folder(s), all without notebooks)" if found.students
-                              else "") + f". {LAYOUT_HINT}")
-        jobs, fixed = plan(found, cfg)
-        if not jobs and not any(r["chapter"] for r in fixed):
-            raise BadInput(f"no notebook in {cfg.root} has a chapter's name. {LAYOUT_HINT}")
+        if cfg.plan is None:
+            found, jobs, fixed = work_list(cfg)
+        else:
+            found = None
+            jobs, fixed = shard.work(cfg)  # this shard's entries; a file changed since the plan: stale rows
     except BadInput as err:
         print(f"error: {printable(str(err))}", file=sys.stderr)
         return 1
-    for line in found.skipped:
+    for line in found.skipped if found else ():
         print(f"skipped: {line}", file=sys.stderr)
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     cfg.state.mkdir(exist_ok=True)
@@ -408,11 +457,19 @@ def run(args: argparse.Namespace) -> int:
             todo.append(job)
     recorder.total = len(todo)
     print(f"grading {len(todo)} notebook(s) with {cfg.jobs} job(s), sandbox: {level}"
-          + (f" ({len(jobs) - len(todo)} already graded)" if len(jobs) > len(todo) else ""), file=sys.stderr)
+          + (f" ({len(jobs) - len(todo)} already graded)" if len(jobs) > len(todo) else "")
+          + (f"; shard {cfg.shard[0]}/{cfg.shard[1]} of {cfg.plan.path}, {len(fixed)} stale" if cfg.plan else ""),
+          file=sys.stderr)
+    on_result = recorder.add
+    if cfg.plan is not None:
+        planned = {job.submission: job.sha256 for job in jobs}
+        on_result = lambda res: recorder.add(shard.restale(res, planned))  # noqa: E731
     try:
-        run_jobs(todo, cfg, recorder.add)
+        run_jobs(todo, cfg, on_result)
     finally:
         recorder.write()
+    if cfg.plan is not None:
+        print(f"shard finished -> {shard.finish(cfg, recorder.results)}", file=sys.stderr)
     summary(recorder.results, cfg.out)
     return 1 if recorder.gradebook_errors else 0
 

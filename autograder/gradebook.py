@@ -1,6 +1,7 @@
 """Record batch-grading results in the nbgrader gradebook (so `nbgrader export` and formgrader show them).
 
-Only the grader's main process writes here, one transaction per submission. Writes are
+Only the grader's main process (or ``merge``, in a sharded run) writes here, one transaction
+per submission. Writes are
 upserts: the assignment (= chapter), its notebook and grade cells (``<exercise>_tests``,
 max score = the exercise's points in :mod:`autograder.registry`) are created when
 missing; the student and the submission are created when missing; each grade's
@@ -8,6 +9,11 @@ missing; the student and the submission are created when missing; each grade's
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
 
@@ -18,6 +24,11 @@ class Recorder:
     def __init__(self, url: str):
         self.url = url
         self._ready: set[str] = set()
+        self._open: Gradebook | None = None
+        # nbgrader creates a new gradebook by running `alembic`, found on PATH: this Python's.
+        bin_dir = str(Path(sys.executable).parent)
+        if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
 
     def _ensure_assignment(self, gb: Gradebook, chapter: registry.Chapter) -> None:
         if chapter.id in self._ready:
@@ -32,23 +43,43 @@ class Recorder:
                                                max_score=float(ex.points), cell_type="code")
         self._ready.add(chapter.id)
 
+    @contextlib.contextmanager
+    def session(self):
+        """One connection for many :meth:`record` calls (``merge``): each query is then compiled once."""
+        with Gradebook(self.url) as gb:
+            self._open = gb
+            try:
+                yield self
+            finally:
+                self._open = None
+
     def record(self, result: dict) -> None:
         """Set the scores of one graded notebook (a result of ``autograder grade`` with a chapter)."""
+        if self._open is None:
+            with Gradebook(self.url) as gb:
+                self._record(gb, result)
+            return
+        try:
+            self._record(self._open, result)
+        except Exception:
+            self._open.db.rollback()  # this submission only; the session goes on with the next
+            raise
+
+    def _record(self, gb: Gradebook, result: dict) -> None:
         chapter = registry.get(result["chapter"])
-        with Gradebook(self.url) as gb:
-            self._ensure_assignment(gb, chapter)
+        self._ensure_assignment(gb, chapter)
+        try:
+            gb.find_student(result["student"])
+        except MissingEntry:
+            gb.update_or_create_student(result["student"])
+        try:
+            gb.find_submission(chapter.id, result["student"])
+        except MissingEntry:
+            gb.add_submission(chapter.id, result["student"])
+        for row in result["rows"]:
             try:
-                gb.find_student(result["student"])
+                grade = gb.find_grade(f"{row['exercise']}_tests", chapter.id, chapter.id, result["student"])
             except MissingEntry:
-                gb.update_or_create_student(result["student"])
-            try:
-                gb.find_submission(chapter.id, result["student"])
-            except MissingEntry:
-                gb.add_submission(chapter.id, result["student"])
-            for row in result["rows"]:
-                try:
-                    grade = gb.find_grade(f"{row['exercise']}_tests", chapter.id, chapter.id, result["student"])
-                except MissingEntry:
-                    continue
-                grade.auto_score = float(row["points"])
-            gb.db.commit()
+                continue
+            grade.auto_score = float(row["points"])
+        gb.db.commit()

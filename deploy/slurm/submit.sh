@@ -1,0 +1,25 @@
+#!/bin/bash
+# Submit every shard of a plan as a Slurm array, and the merge to run after all of them succeeded.
+#   PYTHON=/path/.venv/bin/python SUBMISSIONS=submitted PLAN=plan.json RESULTS=grading bash submit.sh
+# Extra sbatch options (partition, account...) go in SBATCH_OPTIONS. DRY_RUN=1 prints the two
+# sbatch commands instead of submitting.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PYTHON="${PYTHON:-python3}"
+: "${SUBMISSIONS:?set SUBMISSIONS}" "${PLAN:?set PLAN}" "${RESULTS:?set RESULTS}"
+shards="$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["shards"])' "$PLAN")"
+read -r -a extra <<< "${SBATCH_OPTIONS:-}"
+export PYTHON SUBMISSIONS PLAN RESULTS
+
+shard_cmd=(sbatch --parsable ${extra[@]+"${extra[@]}"} --array="0-$((shards - 1))" "$here/grade-shard.sbatch")
+if [[ "${DRY_RUN:-0}" == 1 ]]; then
+    printf '%q ' "${shard_cmd[@]}"; printf '\n'
+    merge_cmd=(sbatch --parsable ${extra[@]+"${extra[@]}"} --dependency=afterok:JOBID "$here/merge.sbatch")
+    printf '%q ' "${merge_cmd[@]}"; printf '\n'
+    exit 0
+fi
+job="$("${shard_cmd[@]}")"
+job="${job%%;*}"
+merge="$(sbatch --parsable ${extra[@]+"${extra[@]}"} --dependency="afterok:$job" "$here/merge.sbatch")"
+echo "shards: job array $job (0-$((shards - 1))); merge: job ${merge%%;*}, after all shards succeed"
