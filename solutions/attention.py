@@ -180,24 +180,10 @@ def _flash(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, dropout_p: float) -
     return rearrange(out, "batch seq heads d_head -> batch heads seq d_head")
 
 
-def attention(
-    q: Float[Tensor, "batch heads seq_q d_head"],
-    k: Float[Tensor, "batch kv_heads seq_k d_head"],
-    v: Float[Tensor, "batch kv_heads seq_k d_head"],
-    mask: Bool[Tensor, "... seq_q seq_k"] | None = None,
-    *,
-    is_causal: bool = False,
-    dropout_p: float = 0.0,
-    backend: str = "auto",
-) -> Float[Tensor, "batch heads seq_q d_head"]:
-    """Attention with a choice of implementation.
-
-    ``"einsum"`` is the by-hand version above, ``"sdpa"`` is PyTorch's fused
-    ``F.scaled_dot_product_attention``, ``"flash"`` the flash-attn package (CUDA,
-    half precision). ``"auto"`` picks the fastest that can run and never fails.
-    ``is_causal=True`` means ``mask = causal_mask(seq_q, seq_k)`` (end-aligned).
-    ``k``/``v`` may have fewer heads than ``q`` (GQA/MQA) if they divide them.
-    """
+def _check_attention_args(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout_p: float, backend: str
+) -> tuple[int, int, int, int]:
+    """The argument checks of :func:`attention`; returns (heads, kv_heads, seq_q, seq_k)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -217,6 +203,52 @@ def attention(
         raise ValueError(f"is_causal=True needs seq_k >= seq_q; got seq_q={seq_q}, seq_k={seq_k}")
     if mask is not None:
         _check_mask(mask, torch.Size((q.shape[0], heads, seq_q, seq_k)))
+    return heads, kv_heads, seq_q, seq_k
+
+
+def _einsum_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
+    """The ``"einsum"`` backend of :func:`attention` (the mask already includes any causal part)."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads != kv_heads:
+        # Each group of heads // kv_heads query heads shares one K/V head.
+        pattern = "batch kv_heads seq d_head -> batch (kv_heads group) seq d_head"
+        k = repeat(k, pattern, group=heads // kv_heads)
+        v = repeat(v, pattern, group=heads // kv_heads)
+    # The maths of scaled_dot_product_attention above, with PyTorch's fused
+    # softmax: one pass over the (seq_q, seq_k) scores instead of five.
+    scores = attention_scores(q, k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        live = mask.any(dim=-1, keepdim=True)
+        if not bool(live.all()):  # fully masked queries attend to nothing
+            weights = weights * live
+    if dropout_p > 0.0:
+        # Dropout goes on the attention weights, never on q, k or v.
+        weights = F.dropout(weights, p=dropout_p, training=True)
+    return einsum(weights, v, "... seq_q seq_k, ... seq_k d_head -> ... seq_q d_head")
+
+
+def attention(
+    q: Float[Tensor, "batch heads seq_q d_head"],
+    k: Float[Tensor, "batch kv_heads seq_k d_head"],
+    v: Float[Tensor, "batch kv_heads seq_k d_head"],
+    mask: Bool[Tensor, "... seq_q seq_k"] | None = None,
+    *,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+) -> Float[Tensor, "batch heads seq_q d_head"]:
+    """Attention with a choice of implementation.
+
+    ``"einsum"`` is the by-hand version above, ``"sdpa"`` is PyTorch's fused
+    ``F.scaled_dot_product_attention``, ``"flash"`` the flash-attn package (CUDA,
+    half precision). ``"auto"`` picks the fastest that can run and never fails.
+    ``is_causal=True`` means ``mask = causal_mask(seq_q, seq_k)`` (end-aligned).
+    ``k``/``v`` may have fewer heads than ``q`` (GQA/MQA) if they divide them.
+    """
+    heads, kv_heads, seq_q, seq_k = _check_attention_args(q, k, v, mask, is_causal, dropout_p, backend)
 
     if backend == "auto":
         backend = "flash" if flash_available() and _flash_unusable(q, mask) is None else "sdpa"
@@ -238,22 +270,4 @@ def attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, **enable_gqa
         )
 
-    if heads != kv_heads:
-        # Each group of heads // kv_heads query heads shares one K/V head.
-        pattern = "batch kv_heads seq d_head -> batch (kv_heads group) seq d_head"
-        k = repeat(k, pattern, group=heads // kv_heads)
-        v = repeat(v, pattern, group=heads // kv_heads)
-    # The maths of scaled_dot_product_attention above, with PyTorch's fused
-    # softmax: one pass over the (seq_q, seq_k) scores instead of five.
-    scores = attention_scores(q, k)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1)
-    if mask is not None:
-        live = mask.any(dim=-1, keepdim=True)
-        if not bool(live.all()):  # fully masked queries attend to nothing
-            weights = weights * live
-    if dropout_p > 0.0:
-        # Dropout goes on the attention weights, never on q, k or v.
-        weights = F.dropout(weights, p=dropout_p, training=True)
-    return einsum(weights, v, "... seq_q seq_k, ... seq_k d_head -> ... seq_q d_head")
+    return _einsum_attention(q, k, v, mask, dropout_p)
