@@ -357,15 +357,10 @@ def _gpt_reference(inputs: dict, *, positions: str = "advance") -> tuple[Tensor,
     return full, parts
 
 
-def _judge_gpt(inputs: dict, outputs: dict) -> None:
-    full_expected, _ = _gpt_reference(inputs)
-    if not _same(outputs["full"], full_expected, 1e-4):
-        expect_close(outputs["full"], full_expected,
-                     "without a cache, forward(idx) must give the logits of the whole model: token embedding plus "
-                     "the positions 0…seq-1, every block, the final norm, lm_head (if CausalSelfAttention fails its "
-                     "check, fix it first)", atol=1e-4)
-    chunks, lengths = inputs["chunks"], outputs["lengths"]
-    n_layers = inputs["config"]["n_layers"]
+def _judge_gpt_cache_use(chunks: list, outputs: dict, n_layers: int) -> int:
+    """Every block writes the new tokens at the same positions, to its own layer; the cache advances once per
+    pass. Returns the number of tokens the cache should hold after the chunks it reported on."""
+    lengths = outputs["lengths"]
     done = 0
     for size, writes in zip(chunks, outputs["writes"]):
         expected = [[layer, done, size] for layer in range(n_layers)]
@@ -394,6 +389,18 @@ def _judge_gpt(inputs: dict, outputs: dict) -> None:
         if got == held:
             fail("forward(idx, cache) must extend the cache: call cache.advance(seq) once every layer has written")
         fail(f"after feeding chunks {chunks[: len(lengths)]}, len(cache) should be {done}; it is {got}")
+    return done
+
+
+def _judge_gpt(inputs: dict, outputs: dict) -> None:
+    full_expected, _ = _gpt_reference(inputs)
+    if not _same(outputs["full"], full_expected, 1e-4):
+        expect_close(outputs["full"], full_expected,
+                     "without a cache, forward(idx) must give the logits of the whole model: token embedding plus "
+                     "the positions 0…seq-1, every block, the final norm, lm_head (if CausalSelfAttention fails its "
+                     "check, fix it first)", atol=1e-4)
+    chunks = inputs["chunks"]
+    done = _judge_gpt_cache_use(chunks, outputs, inputs["config"]["n_layers"])
     if outputs["error"] is not None:
         fail(f"feeding chunks {chunks} through a cache, your code raised {_error_text(outputs['error'])}")
     chunked = outputs["chunked"]
@@ -585,32 +592,23 @@ def _consistent(freq: Tensor, probs: Tensor, repeats: int) -> bool:
     return _deviation(freq, probs, repeats) <= 1.0
 
 
-def _judge_sample(inputs: dict, outputs: dict) -> None:
-    (logits,), kwargs = inputs["args"], inputs["kwargs"]
-    first, second = outputs["first"], outputs["second"]
-    rows = logits.shape[0]
+def _check_sample_form(first: Any, second: Any, rows: int, vocab: int) -> None:
+    """The draws are (batch, 1) integer ids in the vocabulary, the same for the same generator."""
     if not isinstance(first, Tensor) or first.is_floating_point() or tuple(first.shape) != (rows, 1):
         shape = tuple(first.shape) if isinstance(first, Tensor) else type(first).__name__
         fail(f"return the token ids as an integer tensor of shape (batch, 1) = {(rows, 1)}; got {shape}")
     if not isinstance(second, Tensor) or not torch.equal(first, second):
         fail("with the same generator, the same tokens must come out: draw with the `generator` argument "
              "(torch.multinomial(probs, 1, generator=generator)), not with torch's global random state")
-    vocab = logits.shape[-1]
     if bool(((first < 0) | (first >= vocab)).any()):
         fail(f"token ids must be in 0…{vocab - 1}")
-    temperature, top_k, top_p = kwargs.get("temperature", 1.0), kwargs.get("top_k"), kwargs.get("top_p")
-    distinct, repeats = inputs["distinct"], inputs["repeats"]
-    if temperature == 0:
-        expected = logits.argmax(dim=-1, keepdim=True)
-        if not torch.equal(first, expected):
-            fail("temperature 0 means greedy: return the argmax of each row (never divide by 0)")
-        return
-    tokens = first.view(distinct.shape[0], repeats)
-    freq = torch.stack([torch.bincount(t, minlength=vocab) for t in tokens]).double() / repeats
-    probs = _filtered(distinct, temperature, top_k, top_p)
-    if _consistent(freq, probs, repeats):
-        return
-    mistakes = []  # the filters' mistakes first: when two candidates coincide, the more specific hint wins
+
+
+def _sample_mistakes(distinct: Tensor, temperature: float, top_k: int | None, top_p: float | None,
+                     probs: Tensor) -> list[tuple[Tensor, str]]:
+    """(the distribution a known mistake samples from, its hint); the filters' mistakes first: when two
+    candidates coincide, the more specific hint wins."""
+    mistakes = []
     if top_k is not None:
         mistakes += [
             (_filtered(distinct, temperature, top_k, top_p, drop_kth=True) if top_k > 1 else probs,
@@ -635,6 +633,13 @@ def _judge_sample(inputs: dict, outputs: dict) -> None:
         (_filtered(distinct * temperature ** 2, temperature, top_k, top_p),
          "you multiply by the temperature: divide the logits by it (T < 1 sharpens, T > 1 flattens)"),
     ]
+    return mistakes
+
+
+def _explain_sample(freq: Tensor, probs: Tensor, distinct: Tensor, kwargs: dict, repeats: int) -> None:
+    """Fail with the hint of the known mistake that best fits the draws, else with what is off."""
+    temperature, top_k, top_p = kwargs.get("temperature", 1.0), kwargs.get("top_k"), kwargs.get("top_p")
+    mistakes = _sample_mistakes(distinct, temperature, top_k, top_p, probs)
     matching = [(_deviation(freq, candidate, repeats), hint) for candidate, hint in mistakes
                 if not torch.allclose(candidate, probs, atol=0.02)]
     matching = [(deviation, hint) for deviation, hint in matching if deviation <= 1.0]
@@ -656,6 +661,24 @@ def _judge_sample(inputs: dict, outputs: dict) -> None:
     fail(f"with {kwargs}, token {token} was drawn {freq[row, token]:.1%} of the time, its probability is "
          f"{probs[row, token]:.1%}: sample from softmax(logits / temperature) restricted by top_k, then top_p, "
          "and renormalised")
+
+
+def _judge_sample(inputs: dict, outputs: dict) -> None:
+    (logits,), kwargs = inputs["args"], inputs["kwargs"]
+    first, second = outputs["first"], outputs["second"]
+    _check_sample_form(first, second, logits.shape[0], logits.shape[-1])
+    temperature, top_k, top_p = kwargs.get("temperature", 1.0), kwargs.get("top_k"), kwargs.get("top_p")
+    distinct, repeats = inputs["distinct"], inputs["repeats"]
+    if temperature == 0:
+        expected = logits.argmax(dim=-1, keepdim=True)
+        if not torch.equal(first, expected):
+            fail("temperature 0 means greedy: return the argmax of each row (never divide by 0)")
+        return
+    tokens = first.view(distinct.shape[0], repeats)
+    freq = torch.stack([torch.bincount(t, minlength=logits.shape[-1]) for t in tokens]).double() / repeats
+    probs = _filtered(distinct, temperature, top_k, top_p)
+    if not _consistent(freq, probs, repeats):
+        _explain_sample(freq, probs, distinct, kwargs, repeats)
 
 
 def _sample_bad_inputs(gen: torch.Generator) -> dict:
