@@ -835,7 +835,7 @@ CHECKS: dict[str, Check] = {
         ),
         hidden=(
             Case("more chunks, other sizes", _cache_inputs("chunks"), "kv_cache_steps", _judge_cache),
-            Case("float64", _cache_inputs("chunks", dtype=torch.float64), "kv_cache_steps", _judge_cache),
+            Case("a float64 cache", _cache_inputs("chunks", dtype=torch.float64), "kv_cache_steps", _judge_cache),
             Case("a write past max_len raises ValueError", _cache_inputs("prompt", overflow=True), "kv_cache_steps",
                  _judge_cache),
         ),
