@@ -197,7 +197,9 @@ def notebook_problems(chapter: Chapter, nb) -> list[str]:
     """How a (source or release) notebook's nbgrader cells disagree with ``chapter``; [] when they agree.
 
     Every exercise needs a ``<name>_solution`` cell and a graded ``<name>_tests`` cell worth
-    its points, in the registry's order, and no other graded cell.
+    its points, in the registry's order, and no other graded cell. Every graded test cell is tagged
+    ``raises-exception``, so that Run All (JupyterLab, nbclient) goes on past an unsolved exercise also
+    where the notebooks are released with plain nbgrader (JupyterHub).
     """
     problems, tests_order = [], []
     grade_ids = {}
@@ -207,6 +209,8 @@ def notebook_problems(chapter: Chapter, nb) -> list[str]:
         if meta.get("grade") and not meta.get("solution"):
             tests_order.append(grade_id.removesuffix("_tests"))
             grade_ids[grade_id] = meta.get("points")
+            if cell.cell_type == "code" and "raises-exception" not in cell.get("metadata", {}).get("tags", []):
+                problems.append(f"{grade_id} is not tagged raises-exception (Run All would stop there)")
         elif meta.get("solution"):
             grade_ids[grade_id] = None
     for ex in chapter.exercises:

@@ -103,3 +103,16 @@ def test_registry_lookup_errors_list_the_choices():
         registry.get("99_nothing")
     assert registry.by_notebook_name("01_attention_by_hand.ipynb").id == "01_attention_by_hand"
     assert registry.by_notebook_name("homework.ipynb") is None
+
+
+def test_registry_notebook_problems_name_an_untagged_test_cell():
+    """A graded test cell without ``raises-exception`` would stop Run All at an unsolved exercise
+    where the source notebooks are released with plain nbgrader."""
+    chapter = CHAPTERS[-1]
+    nb = nbformat.read(chapter.source_path(), as_version=4)
+    last = chapter.exercises[-1]
+    for cell in nb.cells:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == f"{last.name}_tests":
+            cell.metadata["tags"].remove("raises-exception")
+    assert registry.notebook_problems(chapter, nb) == [
+        f"{last.name}_tests is not tagged raises-exception (Run All would stop there)"]
