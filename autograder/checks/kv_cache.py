@@ -832,11 +832,13 @@ CHECKS: dict[str, Check] = {
         visible=(
             Case("a prompt, then one token per step", _cache_inputs("prompt"), "kv_cache_steps", _judge_cache),
             Case("chunks of several tokens", _cache_inputs("chunks"), "kv_cache_steps", _judge_cache),
+            Case("a write past max_len raises ValueError", _cache_inputs("prompt", overflow=True), "kv_cache_steps",
+                 _judge_cache),
         ),
         hidden=(
             Case("more chunks, other sizes", _cache_inputs("chunks"), "kv_cache_steps", _judge_cache),
             Case("a float64 cache", _cache_inputs("chunks", dtype=torch.float64), "kv_cache_steps", _judge_cache),
-            Case("a write past max_len raises ValueError", _cache_inputs("prompt", overflow=True), "kv_cache_steps",
+            Case("chunks, then a write past max_len", _cache_inputs("chunks", overflow=True), "kv_cache_steps",
                  _judge_cache),
         ),
     ),

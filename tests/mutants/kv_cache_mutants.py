@@ -71,6 +71,15 @@ MUTANTS: list[Mutant] = [
         "as a prompt is fed (the next token is written over the prompt).",
         ("self.length += n_tokens", "self.length += 1"),
     ),
+    _mutant(
+        "cache_no_overflow_check", "KVCache",
+        "No max_len check in write: a write past the end fails deep inside the slice assignment with a shape "
+        "error (or, with a buffer view, silently keeps fewer tokens) instead of a ValueError naming max_len.",
+        ("        if end > self.max_len:  # a slice past the buffer would silently come back shorter\n"
+         "            raise ValueError(\n"
+         "                f\"{self.length} held + {k.shape[-2]} new positions exceed the cache's max_len={self.max_len}\"\n"
+         "            )\n", ""),
+    ),
     # --- CausalSelfAttention ---
     _mutant(
         "mask_not_offset_for_prefix", "CausalSelfAttention",
