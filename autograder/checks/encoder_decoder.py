@@ -1071,9 +1071,9 @@ CHECKS: dict[str, Check] = {
                  _judge_beam),
             Case("each beam continues its parent's tokens and cache (3 beams, a model with two tokens of history)",
                  _beam_inputs, "decode_lookup", _judge_beam),
+            Case("beam_size=1 equals greedy", _beam_one_inputs, "decode_lookup", _judge_beam_one),
         ),
         hidden=(
-            Case("beam_size=1 equals greedy", _beam_one_inputs, "decode_lookup", _judge_beam_one),
             Case("a beam as large as the search space finds the best hypothesis", _beam_exhaustive_inputs,
                  "decode_lookup", lambda i, o: _judge_beam(i, o, exhaustive=True)),
             Case("other ids, 4 beams, no length normalisation",
