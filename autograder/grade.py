@@ -190,6 +190,10 @@ def work_list(cfg: Settings) -> tuple[submissions.Discovery, list[Job], list[dic
                           else "") + f". {LAYOUT_HINT}")
     jobs, fixed = plan(found, cfg)
     if not jobs and not any(r["chapter"] for r in fixed):
+        nameless = [f.relpath for f in found.found if f.chapter and not f.student]
+        if nameless:
+            raise BadInput(f"{', '.join(nameless[:3])} in {cfg.root}: a chapter's notebook with no student to grade it "
+                           f"for. {LAYOUT_HINT}")
         raise BadInput(f"no notebook in {cfg.root} has a chapter's name. {LAYOUT_HINT}")
     return found, jobs, fixed
 
@@ -218,6 +222,11 @@ def plan(found: submissions.Discovery, cfg: Settings) -> tuple[list[Job], list[d
     for student, chapters in by_student.items():
         for chapter_id, files in chapters.items():
             chosen, others, why = _choose(files)
+            if chosen is None:  # several renamed copies, none exact: the chapter's points are lost, and said why
+                graded.setdefault(student, set()).add(chapter_id)
+                fixed.append(result(student, others[0].relpath, chapter_id,
+                                    _chapter_rows(chapter_id, status.INVALID, why)))
+                others = others[1:]
             for f in others:
                 fixed.append(result(student, f.relpath, chapter_id, _other_row(status.DUPLICATE, why), kind="duplicate"))
             if chosen is None:

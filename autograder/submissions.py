@@ -131,7 +131,8 @@ def _found(path: bytes, name: bytes, depth: int, student: str | None, is_link: b
     problem = "a link, not a regular file (links are never followed)" if is_link else None
     if student is None:  # flat layout: the student is the rest of the file name
         student = display_name(os.fsencode(rest)) if chapter and rest else ""
-        exact = False
+        # <student>_<chapter>.ipynb is the exact flat name; a copy suffix after the chapter is not
+        exact = bool(chapter) and filename[: -len(".ipynb")].endswith(chapter)
         if not student:
             problem = problem or ("the file name must carry the student and the chapter, e.g. "
                                   "alice_01_attention_by_hand.ipynb, or put each student's notebooks "

@@ -123,6 +123,48 @@ def test_match_chapter_exact_renamed_and_flat():
     assert submissions.match_chapter(f"{CH1.id}_but_different.ipynb")[0] is None
 
 
+def _plan(root: Path, tmp_path: Path):
+    from autograder import grade
+
+    cfg = grade.Settings(root=root, out=tmp_path / "out" / "grades.csv", state=tmp_path / "state", jobs=1,
+                         chapters=None, gradebook=None, limits=sandbox.Limits(), hide=(), max_bytes=10**6,
+                         regrade=False, course_dir=tmp_path / "course")
+    return grade.work_list(cfg)
+
+
+def test_two_renamed_copies_lose_the_chapter_with_a_reason(tmp_path):
+    """No exact name and two copies: every exercise of the chapter gets a row with 0 points and says why,
+    never a silent 0 of 0."""
+    root = tmp_path / "subs"
+    _touch(root / "alice" / f"{CH1.id}-Copy1.ipynb")
+    _touch(root / "alice" / f"{CH1.id} (1).ipynb")
+    _, jobs, fixed = _plan(root, tmp_path)
+    assert jobs == []
+    rows = [row for r in fixed for row in r["rows"]]
+    scored = [row for row in rows if row["max_points"] > 0]
+    assert sum(row["max_points"] for row in scored) == sum(ex.points for ex in CH1.exercises)
+    assert all(row["points"] == 0 and "renamed copies" in row["reason"] for row in scored)
+    assert [row["status"] for row in rows if row["max_points"] == 0] == ["duplicate"]
+
+
+def test_flat_layout_exact_name_wins_over_a_copy(tmp_path):
+    root = tmp_path / "subs"
+    _touch(root / f"alice_{CH1.id}.ipynb")
+    _touch(root / f"alice_{CH1.id} (1).ipynb")
+    _, jobs, fixed = _plan(root, tmp_path)
+    assert [(j.student, j.submission) for j in jobs] == [("alice", f"alice_{CH1.id}.ipynb")]
+    assert [r["kind"] for r in fixed] == ["duplicate"]
+
+
+def test_a_flat_notebook_without_a_student_says_so(tmp_path):
+    from autograder import grade
+
+    root = tmp_path / "subs"
+    _touch(root / NB)
+    with pytest.raises(grade.BadInput, match="no student to grade it for"):
+        _plan(root, tmp_path)
+
+
 # --- the wire: nothing from the kernel is trusted --------------------------------------------
 
 
