@@ -23,6 +23,7 @@ from the outputs, so whatever the learner's code does to this process (patching
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -101,6 +102,8 @@ def _error_kind(err: BaseException) -> str:
         return "memory"
     if isinstance(err, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(err):
         return "memory"
+    if isinstance(err, OSError) and err.errno == errno.ENOMEM:  # e.g. an import that cannot map its files
+        return "memory"
     return "raised"
 
 
@@ -140,8 +143,9 @@ def _self_test(shell) -> str | None:
     try:
         import torch
 
-        torch.ones(256, 256).sum().item()
-        result = shell.run_cell("_tdd_probe = [0] * 1000\ndel _tdd_probe", store_history=False, silent=True)
+        torch.ones(4096, 4096).sum().item()  # 64 MB: the least any chapter's cells allocate
+        result = shell.run_cell("import einops, numpy\n_tdd_probe = [0] * 1000\ndel _tdd_probe", store_history=False,
+                                silent=True)
         err = result.error_before_exec or result.error_in_exec
         if err is not None:
             return f"{type(err).__name__}: {str(err)[:200]}"

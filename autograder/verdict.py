@@ -263,6 +263,15 @@ def _why_not_defined(ex: registry.Exercise, verdict: core.Verdict, cell: int | N
                                           f"{ex.target} was never defined")
     if cell is not None and cell in session.errors:
         kind, message = session.errors[cell]
+        earlier = [c for c in session.errors if c < cell]
+        if earlier and message.startswith("NameError"):  # a name an earlier failing cell should have defined
+            first = min(earlier)
+            first_kind, first_message = session.errors[first]
+            if first_kind == "memory":
+                return core.Verdict(status.MEMORY, f"cell {first} ran out of memory ({first_message}), so the cell "
+                                                   f"that defines {ex.target} failed too ({message})")
+            return core.Verdict(status.ERROR, f"cell {first} raised {first_message}, so the cell that defines "
+                                              f"{ex.target} failed too ({message})")
         if kind == "memory":
             return core.Verdict(status.MEMORY, f"the cell that defines {ex.target} ran out of memory ({message})")
         return core.Verdict(status.ERROR, f"the cell that defines {ex.target} raised {message}")

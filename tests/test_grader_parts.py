@@ -337,3 +337,14 @@ def test_autograder_without_the_course_installed_says_which_python(tmp_path):
                           env=env, cwd=tmp_path, timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip().count("\n") == 0 and "does not have the course installed" in done.stderr
+
+
+def test_runner_error_kind_by_class_not_by_name():
+    import errno as errno_
+
+    from autograder import runner
+
+    assert runner._error_kind(MemoryError()) == "memory"
+    assert runner._error_kind(OSError(errno_.ENOMEM, "Cannot allocate memory")) == "memory"
+    assert runner._error_kind(OSError(errno_.ENOENT, "Cannot allocate memory")) == "raised"
+    assert runner._error_kind(type("MemoryError", (Exception,), {})()) == "raised"

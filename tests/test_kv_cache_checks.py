@@ -97,6 +97,21 @@ def test_check_sampling_tolerates_the_reference_on_many_seeds() -> None:
     assert verdict.passed, verdict.reason
 
 
+def test_check_sampling_names_temperature_zero_divided_by() -> None:
+    """Dividing by a temperature of 0 raises inside torch.multinomial; the hint says what temperature 0 means."""
+    from solutions.gpt import sample_next_token
+
+    def divides_first(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+        probs = torch.softmax(logits / temperature, dim=-1)
+        return torch.multinomial(probs, 1, generator=generator)
+
+    check = kv_cache.CHECKS["sample_next_token"]
+    verdict = core.judge_check(check, core.local_probe(divides_first), lambda case: [0])
+    assert not verdict.passed
+    assert "temperature 0 means greedy" in verdict.reason and "raised" in verdict.reason
+    assert core.judge_check(check, core.local_probe(sample_next_token), lambda case: [0]).passed
+
+
 def test_check_generate_accepts_a_loop_written_differently() -> None:
     """A correct generate that feeds then samples (no break) with an explicit no_grad passes too."""
     from solutions.gpt import sample_next_token

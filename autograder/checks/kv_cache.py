@@ -666,8 +666,13 @@ def _explain_sample(freq: Tensor, probs: Tensor, distinct: Tensor, kwargs: dict,
 def _judge_sample(inputs: dict, outputs: dict) -> None:
     (logits,), kwargs = inputs["args"], inputs["kwargs"]
     first, second = outputs["first"], outputs["second"]
-    _check_sample_form(first, second, logits.shape[0], logits.shape[-1])
     temperature, top_k, top_p = kwargs.get("temperature", 1.0), kwargs.get("top_k"), kwargs.get("top_p")
+    if outputs.get("error") is not None:
+        if temperature == 0:
+            fail(f"temperature 0 means greedy: return the argmax of each row, before any division by the "
+                 f"temperature (your code raised {_error_text(outputs['error'])})")
+        fail(f"with {kwargs}, your code raised {_error_text(outputs['error'])}")
+    _check_sample_form(first, second, logits.shape[0], logits.shape[-1])
     distinct, repeats = inputs["distinct"], inputs["repeats"]
     if temperature == 0:
         expected = logits.argmax(dim=-1, keepdim=True)
