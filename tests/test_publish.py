@@ -277,3 +277,27 @@ def test_student_edition_recordings_are_data_and_the_checks_hold_no_reference_co
     assert out.returncode == 0 and "runs in your instructor's grading only" in out.stdout, out.stdout + out.stderr
     out = _in_edition(edition, "import solutions.positional")
     assert out.returncode != 0 and "withheld in this student edition" in out.stderr
+
+
+@pytest.mark.slow
+def test_student_edition_self_check_scores_a_withheld_chapter(tmp_path):
+    """Chapter 1's answers released, chapter 2's withheld (as while learners work on chapter 2): the learner's
+    finished chapter 2 notebook gets its full visible score from `python -m autograder check` in the edition."""
+    second = registry.CHAPTERS[1]
+    dest = tmp_path / "student"
+    assert _publish(dest, FIRST.id).returncode == 0
+    assert "withheld in this student edition" in _in_edition(dest, f"import {second.answers[0]}").stderr
+    nb = nbformat.read(dest / "course" / second.id / second.notebook, as_version=4)
+    source = nbformat.read(second.source_path(), as_version=4)
+    answers = {c.metadata["nbgrader"]["grade_id"]: SOLUTION_MARKERS.sub("", c.source)
+               for c in source.cells if c.metadata.get("nbgrader", {}).get("solution")}
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            cell.source = answers[cell.metadata["nbgrader"]["grade_id"]]
+    (dest / "work").mkdir()
+    nbformat.write(nb, dest / "work" / second.notebook)
+    out = subprocess.run([sys.executable, "-m", "autograder", "check", f"work/{second.notebook}"], cwd=dest,
+                         env={**os.environ, "PYTHONPATH": str(dest), "TDD_QUICK": "1"}, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"visible score: {second.points}/{second.points}" in out.stdout, out.stdout
