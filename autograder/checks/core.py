@@ -141,6 +141,7 @@ RECORDED_DIR = Path(__file__).resolve().parent / "recorded"
 WITHHELD_MARK = "withheld in this student edition"
 _recorder: dict[str, dict[str, Any]] | None = None
 _recordings: dict[str, dict[str, Any]] = {}
+TORCH_VERSION_KEY = "torch.__version__"  # in each recording: the PyTorch that made it
 
 
 class ReferenceWithheld(CheckFailed):
@@ -242,8 +243,11 @@ def recorded(fn: Callable) -> Callable:
         table = _recording(owner)
         key = call_digest(name, args, kwargs)
         if key not in table:
+            recorded_with = table.get(TORCH_VERSION_KEY)
+            why = (f" (the recording was made with PyTorch {recorded_with}, you have {torch.__version__}: inputs "
+                   "may differ; use the course's PyTorch)" if recorded_with not in (None, torch.__version__) else "")
             raise ReferenceWithheld(f"this comparison needs {withheld[0]}, which is withheld in this student "
-                                    "edition: it runs in your instructor's grading only")
+                                    f"edition: it runs in your instructor's grading only{why}")
         return copy.deepcopy(table[key])
 
     call.recorded = True
@@ -264,6 +268,8 @@ def recording(checks: Iterable[str], answers: Callable[[str], Any]) -> dict[str,
                 if not verdict.passed:
                     raise RuntimeError(f"{checks_module}:{name}: the reference fails its visible checks "
                                        f"({verdict.reason}); nothing was recorded")
+        for table in _recorder.values():
+            table[TORCH_VERSION_KEY] = torch.__version__
         return _recorder
     finally:
         _recorder = None
