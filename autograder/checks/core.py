@@ -245,7 +245,7 @@ def recorded(fn: Callable) -> Callable:
         if key not in table:
             recorded_with = table.get(TORCH_VERSION_KEY)
             why = (f" (the recording was made with PyTorch {recorded_with}, you have {torch.__version__}: inputs "
-                   "may differ; use the course's PyTorch)" if recorded_with not in (None, torch.__version__) else "")
+                   "may differ; use the course's PyTorch)" if recorded_with not in (None, str(torch.__version__)) else "")
             raise ReferenceWithheld(f"this comparison needs {withheld[0]}, which is withheld in this student "
                                     f"edition: it runs in your instructor's grading only{why}")
         return copy.deepcopy(table[key])
@@ -269,7 +269,7 @@ def recording(checks: Iterable[str], answers: Callable[[str], Any]) -> dict[str,
                     raise RuntimeError(f"{checks_module}:{name}: the reference fails its visible checks "
                                        f"({verdict.reason}); nothing was recorded")
         for table in _recorder.values():
-            table[TORCH_VERSION_KEY] = torch.__version__
+            table[TORCH_VERSION_KEY] = str(torch.__version__)
         return _recorder
     finally:
         _recorder = None
