@@ -10,7 +10,12 @@ edition written to ``DEST`` holds what learners need and nothing they must not s
   replaced by a module that raises ``ImportError`` saying it is withheld. Publishing again
   with more ``--answers`` releases those chapters' answers;
 * ``autograder/``: the checks with every ``Check``'s hidden cases removed (``hidden=()``),
-  the self-check and the grader, without ``source/``;
+  the self-check and the grader, without ``source/``. A chapter's checks compare with the
+  reference in functions marked ``@core.recorded``; for every checks module that needs a
+  withheld module, publishing runs its visible cases with the reference and saves those
+  functions' results in ``autograder/checks/recorded/<module>.pt`` (tensors and numbers, loaded
+  with ``weights_only=True``), and empties the marked functions' bodies: in the edition the
+  visible checks replay the reference's results and give the notebook's verdicts;
 * ``binder/``, ``pyproject.toml``, ``Makefile``, ``.gitignore``, ``scripts/install_torch.py`` and
   a short README: ``make lab`` works there as here.
 
@@ -167,6 +172,62 @@ def hidden_case_names() -> dict[str, set[str]]:
     return names
 
 
+# --- the reference's results, recorded for the checks that need a withheld module -----------
+
+_REFERENCE_CALL = re.compile(r"""core\.reference\(\s*["']([\w.]+)["']\s*\)""")
+
+
+def reference_modules(source: str) -> set[str]:
+    """The library modules a checks module's source uses: imported, or through ``core.reference("...")``."""
+    return {m for m in imported_modules(source) if m.split(".")[0] == "solutions"} | set(_REFERENCE_CALL.findall(source))
+
+
+def _is_recorded(node: ast.AST) -> bool:
+    return isinstance(node, ast.FunctionDef) and any(
+        ast.unparse(d) in ("core.recorded", "recorded") for d in node.decorator_list)
+
+
+def empty_recorded(source: str) -> str:
+    """``source`` with the body of every ``@core.recorded`` function replaced by a ``raise`` (its results are
+    replayed from the recording; the code that computed them with the reference stays with the instructor)."""
+    lines = source.splitlines(keepends=True)
+    spans = []
+    for node in ast.walk(ast.parse(source)):
+        if _is_recorded(node):
+            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+            start, end = _span(lines, body[0])[0], _span(lines, body[-1])[1]
+            spans.append((start, end, "raise core.ReferenceWithheld(\"replayed from autograder/checks/recorded in "
+                                      "this student edition\")"))
+    return _replace_spans(source, spans)
+
+
+def record_references(checks: list[str]) -> dict[str, dict]:
+    """Run the visible cases of ``checks`` with the reference answers; each module's recorded calls."""
+    from autograder.checks import core
+
+    exercises = {ex.name: ex for c in registry.CHAPTERS if c.checks in checks for ex in c.exercises}
+    try:
+        return core.recording(checks, lambda name: exercises[name].load_reference())
+    except (RuntimeError, TypeError) as err:
+        raise PublishError(f"the reference's results could not be recorded: {err}") from None
+
+
+def _save_recordings(out: Path, recordings: dict[str, dict]) -> dict[str, int]:
+    import torch
+
+    from autograder.checks import core
+
+    folder = out / core.RECORDED_DIR.relative_to(ROOT)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    sizes = {}
+    for checks_module, table in sorted(recordings.items()):
+        path = folder / core.recording_path(checks_module).name
+        torch.save(table, path)
+        sizes[checks_module] = path.stat().st_size
+    return sizes
+
+
 # --- building the edition ---------------------------------------------------------------
 
 
@@ -224,6 +285,7 @@ def build(out: Path, answers: list[str], root: Path = ROOT) -> list[str]:
         elif source.is_dir():
             shutil.copytree(source, out / entry, ignore=shutil.ignore_patterns(*SKIPPED_PARTS, "*.egg-info"))
     shutil.rmtree(out / "autograder" / "source", ignore_errors=True)
+    shutil.rmtree(out / "autograder" / "checks" / "recorded", ignore_errors=True)
     for module, why in withheld.items():
         path = out / _library_modules(root)[module].relative_to(root)
         path.write_text(withheld_stub(module, why))
@@ -231,9 +293,14 @@ def build(out: Path, answers: list[str], root: Path = ROOT) -> list[str]:
     checks_dir = out / "autograder" / "checks"
     imported_names = {alias.name for p in checks_dir.glob("*.py") for node in ast.walk(ast.parse(p.read_text()))
                       if isinstance(node, ast.ImportFrom) for alias in node.names}
+    replayed = [c.checks for c in registry.CHAPTERS
+                if reference_modules((root / Path(*c.checks.split(".")).with_suffix(".py")).read_text()) & set(withheld)]
+    sizes = _save_recordings(out, record_references(replayed)) if replayed else {}
     for chapter in registry.CHAPTERS:
         path = out / Path(*chapter.checks.split(".")).with_suffix(".py")
         stripped = strip_hidden(path.read_text(), imported_names)
+        if chapter.checks in replayed:
+            stripped = strip_hidden(empty_recorded(stripped), imported_names)
         compile(stripped, str(path), "exec")
         strings = {n.value for n in ast.walk(ast.parse(stripped)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
         leaked = sorted(hidden[chapter.checks] & strings)
@@ -243,8 +310,12 @@ def build(out: Path, answers: list[str], root: Path = ROOT) -> list[str]:
         path.write_text(stripped)
         needs = sorted(m for m in imported_modules(stripped) if m in withheld)
         if needs:
-            notes.append(f"{chapter.checks} imports {needs[0]} (withheld): chapter {chapter.number}'s visible "
-                         "tests cannot run in the edition until it is released")
+            raise PublishError(f"{chapter.checks} imports {needs[0]}, which is withheld: import it with "
+                               "core.reference(...) and compute with it only in @core.recorded functions")
+        if chapter.checks in replayed:
+            notes.append(f"{chapter.checks} needs {', '.join(sorted(reference_modules(path.read_text()) & set(withheld)))}"
+                         f" (withheld): its visible checks replay the reference's recorded results "
+                         f"({sizes[chapter.checks] / 1024:.0f} KiB)")
     for notebook in sorted((out / "course").rglob("*.ipynb")):
         needs = sorted(m for m in _notebook_imports(notebook) if m in withheld)
         if needs:
@@ -268,6 +339,13 @@ def _verify(out: Path, withheld: dict[str, str], root: Path) -> None:
         found = REGION.search(text)
         if found:
             raise PublishError(f"{path.relative_to(out)} contains {found.group().strip()!r}; nothing was published")
+    import torch
+
+    for path in sorted((out / "autograder" / "checks" / "recorded").glob("*")):
+        try:  # plain data only: weights_only refuses anything that would run code when loaded
+            torch.load(path, weights_only=True)
+        except Exception as err:  # noqa: BLE001
+            raise PublishError(f"{path.relative_to(out)} is not plain data ({err}); nothing was published") from None
     library = _library_modules(root)
     for module in withheld:
         original = library[module].read_text()

@@ -203,3 +203,101 @@ def test_make_student_edition_passes_dest_and_answers():
     usage = subprocess.run(["make", "-C", str(ROOT), "-o", ".venv/.installed", "student-edition"],
                            capture_output=True, text=True, timeout=60)
     assert usage.returncode != 0 and "usage: make student-edition DEST=folder" in usage.stdout
+
+
+def _visible_verdicts(repo: Path) -> dict:
+    """tests/visible_verdicts.py in ``repo`` (this repository or an edition): the references and mutants come
+    from this repository's modules, the checks and ``solutions`` from ``repo``."""
+    exercises = json.dumps([[c.checks, e.name, e.reference] for c in registry.CHAPTERS for e in c.exercises])
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "visible_verdicts.py"), str(ROOT), exercises],
+                         cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+@pytest.mark.slow
+def test_student_edition_visible_verdicts_match_the_repository(edition):
+    """Every chapter withheld: the visible checks replay the reference's recorded results and give the same
+    verdict and hint as here, for the reference answers and for every planted bug."""
+    here, there = _visible_verdicts(ROOT), _visible_verdicts(edition)
+    assert here["solutions"] == str(ROOT / "solutions") and there["solutions"] == str(edition / "solutions")
+    assert not any(here["replayed"].values())
+    compared = [c.checks for c in registry.CHAPTERS if c.number >= 2]
+    assert sorted(m for m, replayed in there["replayed"].items() if replayed) == sorted(compared)
+    for chapter in registry.CHAPTERS:
+        references = {k: v for k, v in here["verdicts"].items() if k.startswith(f"reference {chapter.checks}:")}
+        assert len(references) == len(chapter.exercises) and all(p for p, _ in references.values()), references
+        mutants = {k: v for k, v in here["verdicts"].items() if k.startswith(f"mutant {chapter.checks}:")}
+        assert sum(not p for p, _ in mutants.values()) >= 2, f"{chapter.id}: fewer than two mutants caught"
+    differ = {k: (v, there["verdicts"].get(k)) for k, v in here["verdicts"].items() if there["verdicts"].get(k) != v}
+    assert not differ, differ
+    assert there["verdicts"].keys() == here["verdicts"].keys()
+
+
+def _plain_values(value) -> list:
+    """Every leaf of recorded data; TypeError for anything but tensors, numbers, strings and containers."""
+    import torch
+
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _plain_values(k) + _plain_values(v)]
+    if isinstance(value, (list, tuple)):
+        return [leaf for v in value for leaf in _plain_values(v)]
+    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor, torch.dtype, torch.Size)):
+        return [value]
+    raise TypeError(type(value).__name__)
+
+
+@pytest.mark.slow
+def test_student_edition_recordings_are_data_and_the_checks_hold_no_reference_code(edition):
+    import zipfile
+
+    import torch
+
+    folder = edition / "autograder" / "checks" / "recorded"
+    files = sorted(folder.iterdir())
+    assert [p.stem for p in files] == sorted(c.checks.rsplit(".", 1)[1] for c in registry.CHAPTERS if c.number >= 2)
+    assert sum(p.stat().st_size for p in files) < 256 * 1024
+    for path in files:
+        assert all(not n.endswith(".py") for n in zipfile.ZipFile(path).namelist())
+        table = torch.load(path, weights_only=True)  # refuses anything that is not plain data
+        assert table and all(isinstance(k, str) for k in table)
+        strings = [v for v in _plain_values(list(table.values())) if isinstance(v, str)]
+        assert not [s for s in strings if re.search(r"\b(def|return|import|lambda)\b|[(){}=]", s)], strings[:5]
+    for chapter in registry.CHAPTERS[1:]:
+        source = (edition / Path(*chapter.checks.split("."))).with_suffix(".py").read_text()
+        # the reference is named only where it is imported; the functions that computed with it are empty
+        assert not re.search(r"\b(ref|reference|multihead|transformer)\.\w+", source.replace("core.reference(", "")), \
+            chapter.checks
+        assert "_decoder_by_hand" not in source
+    # a call that was not recorded (another seed, say) says why it cannot be checked here
+    out = _in_edition(edition, "from autograder.checks import positional, core\n"
+                               "try:\n    positional._ref_slopes(99)\n"
+                               "except core.ReferenceWithheld as err:\n    print(err)\n")
+    assert out.returncode == 0 and "runs in your instructor's grading only" in out.stdout, out.stdout + out.stderr
+    out = _in_edition(edition, "import solutions.positional")
+    assert out.returncode != 0 and "withheld in this student edition" in out.stderr
+
+
+@pytest.mark.slow
+def test_student_edition_self_check_scores_a_withheld_chapter(tmp_path):
+    """Chapter 1's answers released, chapter 2's withheld (as while learners work on chapter 2): the learner's
+    finished chapter 2 notebook gets its full visible score from `python -m autograder check` in the edition."""
+    second = registry.CHAPTERS[1]
+    dest = tmp_path / "student"
+    assert _publish(dest, FIRST.id).returncode == 0
+    assert "withheld in this student edition" in _in_edition(dest, f"import {second.answers[0]}").stderr
+    nb = nbformat.read(dest / "course" / second.id / second.notebook, as_version=4)
+    source = nbformat.read(second.source_path(), as_version=4)
+    answers = {c.metadata["nbgrader"]["grade_id"]: SOLUTION_MARKERS.sub("", c.source)
+               for c in source.cells if c.metadata.get("nbgrader", {}).get("solution")}
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            cell.source = answers[cell.metadata["nbgrader"]["grade_id"]]
+    (dest / "work").mkdir()
+    nbformat.write(nb, dest / "work" / second.notebook)
+    out = subprocess.run([sys.executable, "-m", "autograder", "check", f"work/{second.notebook}"], cwd=dest,
+                         env={**os.environ, "PYTHONPATH": str(dest), "TDD_QUICK": "1"}, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"visible score: {second.points}/{second.points}" in out.stdout, out.stdout

@@ -22,11 +22,15 @@ Which exercises exist and what they are worth is not said here but in
 
 from __future__ import annotations
 
+import copy
+import functools
+import hashlib
 import importlib
 import inspect
 import math
 import textwrap
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
@@ -121,6 +125,154 @@ def expect_close(actual: Any, expected: torch.Tensor, hint: str, *, atol: float 
     if not torch.allclose(actual.to(expected.dtype), expected, atol=atol, rtol=rtol, equal_nan=True):
         diff = (actual.to(expected.dtype) - expected).abs().nan_to_num(math.inf).max().item()
         fail(f"{hint} (largest difference {diff:.3g})")
+
+
+# --- the reference, or its recording in a student edition ------------------------
+#
+# A check that compares with the library's reference imports it with :func:`reference`
+# and computes everything it needs from the reference in functions of the case inputs
+# only, marked :func:`recorded`. In this repository they simply run. ``autograder
+# publish`` runs every withheld chapter's visible cases (seed 0) with the reference
+# under :func:`recording` and saves the results in ``autograder/checks/recorded/``; in
+# the student edition, where the reference module raises ImportError, each marked
+# function returns its recorded result instead (plain tensors and numbers, no code).
+
+RECORDED_DIR = Path(__file__).resolve().parent / "recorded"
+WITHHELD_MARK = "withheld in this student edition"
+_recorder: dict[str, dict[str, Any]] | None = None
+_recordings: dict[str, dict[str, Any]] = {}
+TORCH_VERSION_KEY = "torch.__version__"  # in each recording: the PyTorch that made it
+
+
+class ReferenceWithheld(CheckFailed):
+    """The check needs a reference result that the student edition does not hold."""
+
+
+class Withheld:
+    """Stands in for a reference module the student edition withholds; using it directly is an error."""
+
+    def __init__(self, module: str):
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise ReferenceWithheld(f"{self._module}.{name} is withheld in this student edition: this comparison "
+                                "runs in your instructor's grading only")
+
+
+def reference(module: str) -> Any:
+    """The reference module ``module``, or a :class:`Withheld` stand-in where the student edition withholds it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        if WITHHELD_MARK not in str(err):
+            raise
+        return Withheld(module)
+
+
+def _canonical(value: Any, out: list[bytes]) -> None:
+    """Append the canonical bytes of a call argument (tensors by dtype, shape and contents)."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        out.append(f"T{t.dtype}{tuple(t.shape)}".encode())
+        out.append(_bits(t).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(value, dict):
+        out.append(f"D{len(value)}".encode())
+        for k, v in value.items():
+            _canonical(k, out)
+            _canonical(v, out)
+    elif isinstance(value, (list, tuple)):
+        out.append(f"{type(value).__name__[0]}{len(value)}".encode())
+        for v in value:
+            _canonical(v, out)
+    elif value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.Size)):
+        out.append(f"{type(value).__name__}:{value!r};".encode())
+    else:
+        raise TypeError(f"a recorded reference call takes plain data (tensors, numbers, strings, lists, dicts); "
+                        f"got {type(value).__name__}")
+
+
+def call_digest(name: str, args: tuple, kwargs: dict) -> str:
+    parts: list[bytes] = [name.encode()]
+    _canonical((args, kwargs), parts)
+    return f"{name}:{hashlib.sha256(b'|'.join(parts)).hexdigest()[:32]}"
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as plain data for the recording (tensors detached and cloned); TypeError for anything else."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.Size)):
+        return value
+    raise TypeError(f"a recorded reference result must be plain data; got {type(value).__name__}")
+
+
+def recording_path(checks_module: str) -> Path:
+    return RECORDED_DIR / f"{checks_module.rsplit('.', 1)[1]}.pt"
+
+
+def _recording(checks_module: str) -> dict[str, Any]:
+    if checks_module not in _recordings:
+        path = recording_path(checks_module)
+        _recordings[checks_module] = torch.load(path, weights_only=True) if path.is_file() else {}
+    return _recordings[checks_module]
+
+
+def recorded(fn: Callable) -> Callable:
+    """Mark a checks-module function that uses the reference on case inputs only (plain data in, plain data out).
+
+    With the reference importable it runs (and is recorded during :func:`recording`); in a student edition
+    that withholds it, it returns the recorded result of the same call, or raises :class:`ReferenceWithheld`.
+    """
+    owner, name = fn.__module__, fn.__qualname__
+    namespace = inspect.unwrap(fn).__globals__  # the checks module's (fn may be wrapped, e.g. by torch.no_grad)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        withheld = [v._module for v in namespace.values() if isinstance(v, Withheld)]
+        if not withheld:
+            value = fn(*args, **kwargs)
+            if _recorder is not None:
+                _recorder.setdefault(owner, {})[call_digest(name, args, kwargs)] = _plain(value)
+            return value
+        table = _recording(owner)
+        key = call_digest(name, args, kwargs)
+        if key not in table:
+            recorded_with = table.get(TORCH_VERSION_KEY)
+            why = (f" (the recording was made with PyTorch {recorded_with}, you have {torch.__version__}: inputs "
+                   "may differ; use the course's PyTorch)" if recorded_with not in (None, str(torch.__version__)) else "")
+            raise ReferenceWithheld(f"this comparison needs {withheld[0]}, which is withheld in this student "
+                                    f"edition: it runs in your instructor's grading only{why}")
+        return copy.deepcopy(table[key])
+
+    call.recorded = True
+    return call
+
+
+def recording(checks: Iterable[str], answers: Callable[[str], Any]) -> dict[str, dict[str, Any]]:
+    """Run the visible cases (seed 0, as the notebook) of the checks modules ``checks`` with the reference
+    answers (``answers(exercise) -> object``) and return every recorded call: checks module -> digest -> result."""
+    global _recorder
+    _recorder = {}
+    try:
+        for checks_module in checks:
+            _recorder.setdefault(checks_module, {})
+            for name, check in importlib.import_module(checks_module).CHECKS.items():
+                verdict = judge_check(check, local_probe(answers(name), check.forbidden),
+                                      notebook_seeds("visible", 0), level="visible")
+                if not verdict.passed:
+                    raise RuntimeError(f"{checks_module}:{name}: the reference fails its visible checks "
+                                       f"({verdict.reason}); nothing was recorded")
+        for table in _recorder.values():
+            table[TORCH_VERSION_KEY] = str(torch.__version__)
+        return _recorder
+    finally:
+        _recorder = None
 
 
 # --- the answer of a probe, from whichever process ran it -------------------------

@@ -23,8 +23,10 @@ from torch import Tensor, nn
 from autograder.checks import core
 from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
 from autograder.checks.lookup import LookupModel
-from solutions.multihead import MultiHeadAttention
-from solutions.transformer import DecoderLayer as ReferenceDecoderLayer
+
+# in a student edition: replayed from a recording (see core.recorded)
+multihead = core.reference("solutions.multihead")
+transformer = core.reference("solutions.transformer")
 
 NEVER = -1.0e4  # the logit of a token a model never predicts (BOS, padding)
 
@@ -148,16 +150,23 @@ def _tf_same_ids_inputs(gen: torch.Generator) -> dict:
 # --- DecoderLayer --------------------------------------------------------------------------------
 
 
-def _random_state(module: nn.Module, gen: torch.Generator) -> dict[str, Tensor]:
+@core.recorded
+def _decoder_state_shapes(init_args: tuple, init_kwargs: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """The reference DecoderLayer's state: (name, shape) in order."""
+    module = transformer.DecoderLayer(*init_args, 0.0, **init_kwargs)
+    return [(name, tuple(p.shape)) for name, p in module.state_dict().items()]
+
+
+def _random_state(shapes: list[tuple[str, tuple[int, ...]]], gen: torch.Generator) -> dict[str, Tensor]:
     """The reference module's parameter names with random values (LayerNorms near 1 and 0, so they matter)."""
     state = {}
-    for name, p in module.state_dict().items():
+    for name, shape in shapes:
         if name.startswith("norm") and name.endswith("weight"):
-            state[name] = 1.0 + 0.2 * torch.randn(p.shape, generator=gen)
-        elif p.dim() > 1:
-            state[name] = torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1])
+            state[name] = 1.0 + 0.2 * torch.randn(shape, generator=gen)
+        elif len(shape) > 1:
+            state[name] = torch.randn(shape, generator=gen) / math.sqrt(shape[-1])
         else:
-            state[name] = 0.2 * torch.randn(p.shape, generator=gen)
+            state[name] = 0.2 * torch.randn(shape, generator=gen)
     return state
 
 
@@ -166,7 +175,7 @@ def _decoder_inputs(gen: torch.Generator, *, norm_first: bool = False, activatio
     n_heads = [2, 4][_int(gen, 0, 1)]
     d_model, d_ff = n_heads * _int(gen, 2, 4), _int(gen, 8, 24)
     init_kwargs = {"norm_first": norm_first, "activation": activation}
-    state = _random_state(ReferenceDecoderLayer(d_model, n_heads, d_ff, 0.0, **init_kwargs), gen)
+    state = _random_state(_decoder_state_shapes((d_model, n_heads, d_ff), init_kwargs), gen)
     batch = _int(gen, 2, 3)
     seq_q = seq_q or _int(gen, 3, 6)
     seq_k = seq_k or seq_q + _int(gen, 1, 3)  # different lengths: queries from memory would not even fit
@@ -211,7 +220,7 @@ def _decoder_by_hand(inputs: dict, x: Tensor, memory: Tensor, mask: Tensor | Non
     kw, state = inputs["init_kwargs"], inputs["state"]
     attn = {}
     for name in ("self_attn", "cross_attn"):
-        attn[name] = MultiHeadAttention(d_model, n_heads).eval()
+        attn[name] = multihead.MultiHeadAttention(d_model, n_heads).eval()
         attn[name].load_state_dict({k.split(".", 1)[1]: v for k, v in state.items() if k.startswith(name + ".")})
     activation = F.relu if kw["activation"] == "relu" else F.gelu
 
@@ -263,13 +272,26 @@ _DECODER_MISTAKES = {
 }
 
 
+@core.recorded
+def _decoder_mistakes(inputs: dict, x: Tensor, memory: Tensor, mask: Tensor | None) -> dict[str, Tensor]:
+    """The output of each known mistake (chapter 2's MultiHeadAttention; recorded for the student edition)."""
+    mistakes = {}
+    for bug in _DECODER_MISTAKES:
+        if bug == "query_from_memory" and x.shape[1] != memory.shape[1]:
+            continue
+        try:
+            mistakes[bug] = _decoder_by_hand(inputs, x, memory, mask, bug)
+        except ValueError:  # a mistake these shapes cannot even make (e.g. a causal cross-attention, seq_k < seq_q)
+            continue
+    return mistakes
+
+
 def _expect_decoder(inputs: dict, out: Any, x: Tensor, memory: Tensor, mask: Tensor | None, what: str) -> None:
     expected = _torch_decoder(inputs, x, memory, mask)
+    mistakes = _decoder_mistakes(inputs, x, memory, mask)
     if not _same(out, expected, 1e-4):
         for bug, message in _DECODER_MISTAKES.items():
-            if bug == "query_from_memory" and x.shape[1] != memory.shape[1]:
-                continue
-            if _same(out, _decoder_by_hand(inputs, x, memory, mask, bug), 1e-4):
+            if bug in mistakes and _same(out, mistakes[bug], 1e-4):
                 fail(message)
     expect_close(out, expected, what, atol=1e-4)
 

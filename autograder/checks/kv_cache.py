@@ -20,7 +20,7 @@ from torch import Tensor
 from autograder.checks import core
 from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
 from autograder.checks.probes import _ToyLM
-from solutions import gpt as ref
+ref = core.reference("solutions.gpt")  # in a student edition: replayed from a recording
 
 
 def _int(gen: torch.Generator, low: int, high: int) -> int:
@@ -305,22 +305,44 @@ def _judge_attention(inputs: dict, outputs: dict) -> None:
 # --- GPT -------------------------------------------------------------------------------------------
 
 
+@core.recorded
+def _gpt_layout(config: dict) -> tuple[list, list]:
+    """The reference GPT's parameters [(name, shape)] in order, and its state_dict as [(key, the parameter it
+    holds or None, the buffer or None)] (tied weights: two keys, one parameter)."""
+    model = ref.GPT(ref.GPTConfig(**config))
+    parameters = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+    owner = {p.data_ptr(): name for name, p in model.named_parameters()}
+    layout = []
+    for key, value in model.state_dict().items():
+        name = owner.get(value.data_ptr()) if key not in dict(parameters) else key
+        layout.append((key, name, None if name else value))
+    return parameters, layout
+
+
+@core.recorded
+def _ref_generate(model: tuple, idx: Tensor, max_new_tokens: int, kwargs: dict, training: bool) -> Tensor:
+    """The library's generate on a fresh toy model built from ``model`` (in ``training`` mode)."""
+    toy = _ToyLM(*model)
+    toy.train(training)
+    return ref.generate(toy, idx, max_new_tokens, **kwargs)
+
+
 def _gpt_inputs(kind: str, style: str = "prompt", past: bool = True):
     def inputs(gen: torch.Generator) -> dict:
         layer = _layer_config(gen, kind)
         config = dict(layer, n_layers=2, max_len=_int(gen, 12, 18))  # two layers: advancing per layer shows
-        model = ref.GPT(ref.GPTConfig(**config))
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("bias"):
-                    param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
-                elif "norm" in name:
-                    param.copy_(1 + torch.randn(param.shape, generator=gen) * 0.1)
-                else:
-                    param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(param.shape[-1]) * 1.5)
+        parameters, layout = _gpt_layout(config)
+        values = {}
+        for name, shape in parameters:
+            if name.endswith("bias"):
+                values[name] = torch.randn(shape, generator=gen) * 0.1
+            elif "norm" in name:
+                values[name] = 1 + torch.randn(shape, generator=gen) * 0.1
+            else:
+                values[name] = torch.randn(shape, generator=gen) / math.sqrt(shape[-1]) * 1.5
         seq, batch = _int(gen, 8, config["max_len"] - 2), _int(gen, 1, 2)
         kv_heads, d_head = config["n_kv_heads"] or config["n_heads"], config["d_model"] // config["n_heads"]
-        data = {"config": config, "state": model.state_dict(),
+        data = {"config": config, "state": {key: values[name] if name else buffer for key, name, buffer in layout},
                 "idx": torch.randint(0, config["vocab"], (batch, seq), generator=gen),
                 "chunks": _chunk_sizes(gen, seq, style),
                 "cache": (config["n_layers"], batch, kv_heads, config["max_len"], d_head)}
@@ -332,6 +354,7 @@ def _gpt_inputs(kind: str, style: str = "prompt", past: bool = True):
     return inputs
 
 
+@core.recorded
 @torch.no_grad()
 def _gpt_reference(inputs: dict, *, positions: str = "advance") -> tuple[Tensor, list[Tensor]]:
     """The library model's logits in one pass, and per chunk fed through a cache; ``positions="zero"``: every
@@ -394,6 +417,7 @@ def _judge_gpt_cache_use(chunks: list, outputs: dict, n_layers: int) -> int:
 
 def _judge_gpt(inputs: dict, outputs: dict) -> None:
     full_expected, _ = _gpt_reference(inputs)
+    _, zero = _gpt_reference(inputs, positions="zero")
     if not _same(outputs["full"], full_expected, 1e-4):
         expect_close(outputs["full"], full_expected,
                      "without a cache, forward(idx) must give the logits of the whole model: token embedding plus "
@@ -411,7 +435,6 @@ def _judge_gpt(inputs: dict, outputs: dict) -> None:
             fail(f"fed {size} new tokens, forward must return logits (batch, {size}, vocab); got {tuple(c.shape)}")
     got = torch.cat(list(chunked), dim=1)
     if not _same(got, full_expected, 1e-4):
-        _, zero = _gpt_reference(inputs, positions="zero")
         if _same(got, torch.cat(zero, dim=1), 1e-4):
             fail(f"fed in chunks {chunks}, every chunk is placed at positions 0, 1, … again: the new tokens sit at "
                  "positions len(cache), len(cache)+1, …; pass start_pos=len(cache) to the position embedding "
@@ -809,7 +832,7 @@ def _judge_generate(inputs: dict, outputs: dict) -> None:
         kwargs = run["kwargs"]
         if kwargs.get("temperature", 1.0) == 0:
             model.train(training)
-            expected = ref.generate(model, run["idx"], new, **kwargs)
+            expected = _ref_generate(inputs["model"], run["idx"], new, kwargs, training)
             if not torch.equal(out, expected):
                 position = int((out != expected).any(dim=0).nonzero()[0]) - seq
                 fail(f"greedy tokens differ from the expected ones from new token {position} on "

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from autograder.checks import core
 from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
-from solutions import multihead as reference
+reference = core.reference("solutions.multihead")  # in a student edition: replayed from a recording
 
 
 def _int(gen: torch.Generator, low: int, high: int) -> int:
@@ -157,18 +157,26 @@ def _judge_merge_roundtrip(inputs: dict, outputs: dict) -> None:
     (x,) = inputs["args"]
     batch, heads, seq, d_head = x.shape
     tokens = x.transpose(1, 2).reshape(batch, seq, heads * d_head)
-    back = reference.split_heads(outputs["out"], heads) if isinstance(outputs["out"], Tensor) else None
-    if back is None or not _same(back, x):
+    out = outputs["out"]
+    # split_heads(out, heads) gives x back exactly when out has merge_heads' layout (tokens)
+    if isinstance(out, Tensor) and tuple(out.shape) == tuple(tokens.shape) and not _same(out, tokens):
         fail("split_heads(merge_heads(x), heads) does not give x back: merge_heads is not the inverse of split_heads")
-    expect_close(outputs["out"], tokens, "merge_heads gives the wrong layout")
+    expect_close(out, tokens, "merge_heads gives the wrong layout")
 
 
 # --- MultiHeadAttention ----------------------------------------------------------------------------
 
 
-def _state(module: nn.Module, gen: torch.Generator) -> dict[str, Tensor]:
+@core.recorded
+def _state_shapes(init_args: tuple, init_kwargs: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """The reference module's state: (name, shape) in order."""
+    module = reference.MultiHeadAttention(*init_args, **init_kwargs)
+    return [(name, tuple(p.shape)) for name, p in module.state_dict().items()]
+
+
+def _state(shapes: list[tuple[str, tuple[int, ...]]], gen: torch.Generator) -> dict[str, Tensor]:
     """The reference module's parameter names with random values from ``gen`` (biases non-zero)."""
-    return {name: torch.randn(p.shape, generator=gen) * (0.5 if p.dim() > 1 else 0.2) for name, p in module.state_dict().items()}
+    return {name: torch.randn(shape, generator=gen) * (0.5 if len(shape) > 1 else 0.2) for name, shape in shapes}
 
 
 def _mha_inputs(
@@ -188,7 +196,7 @@ def _mha_inputs(
     init_kwargs: dict[str, Any] = {"bias": bias}
     if kv_heads:
         init_kwargs["n_kv_heads"] = 2  # with 1 (MQA) the grouping mistakes would not show
-    module = reference.MultiHeadAttention(d_model, n_heads, **init_kwargs)
+    shapes = _state_shapes((d_model, n_heads), init_kwargs)
     batch, seq_q = _int(gen, 1, 3), _int(gen, 3, 6)
     seq_k = seq_q + _int(gen, 1, 3) if cross else seq_q
     x = torch.randn(batch, seq_q, d_model, generator=gen)
@@ -202,7 +210,7 @@ def _mha_inputs(
     return {
         "init_args": (d_model, n_heads),
         "init_kwargs": init_kwargs,
-        "state": _state(module, gen),
+        "state": _state(shapes, gen),
         "args": tuple(args),
         "kwargs": {"is_causal": True} if causal else {},
     }
@@ -314,8 +322,7 @@ def _judge_mha(inputs: dict, outputs: dict, *, what: str) -> None:
 def _dropout_inputs(gen: torch.Generator) -> dict:
     n_heads, d_head = 4, _int(gen, 3, 5)
     d_model = n_heads * d_head
-    module = reference.MultiHeadAttention(d_model, n_heads, dropout=0.5)
-    state = _state(module, gen)
+    state = _state(_state_shapes((d_model, n_heads), {"dropout": 0.5}), gen)
     # W_O = identity, so each head's output block is visible in the module output.
     state["out_proj.weight"] = torch.eye(d_model)
     state["out_proj.bias"] = torch.zeros(d_model)
@@ -370,6 +377,7 @@ def _count_inputs(gen: torch.Generator, *, bias: bool = True, gqa: bool = False,
     return {"args": (d_model, n_heads), "kwargs": {"n_kv_heads": n_kv_heads, "bias": bias}}
 
 
+@core.recorded
 def _count_of(d_model: int, n_heads: int, n_kv_heads: int | None, bias: bool) -> int:
     if n_kv_heads is None:
         module = nn.MultiheadAttention(d_model, n_heads, bias=bias, device="meta")

@@ -14,7 +14,33 @@ import torch
 
 from autograder.checks import core
 from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
-from solutions import positional as ref
+ref = core.reference("solutions.positional")  # in a student edition: replayed from a recording
+
+
+# The reference, on case inputs only (recorded for the student edition).
+@core.recorded
+def _ref_sinusoid(seq_len: int, d_model: int) -> torch.Tensor:
+    return ref.sinusoidal_encoding(seq_len, d_model).double()
+
+
+@core.recorded
+def _rope_angles(seq_len: int, d_head: int, start_pos: int, base: float) -> torch.Tensor:
+    return ref.rope_angles(seq_len, d_head, start_pos, base)
+
+
+@core.recorded
+def _ref_rope(x: torch.Tensor, start_pos: int, base: float) -> torch.Tensor:
+    return ref.apply_rope(x, start_pos, base)
+
+
+@core.recorded
+def _ref_slopes(n: int) -> torch.Tensor:
+    return ref.alibi_slopes(n).double()
+
+
+@core.recorded
+def _ref_bias(heads: int, seq_q: int, seq_k: int) -> torch.Tensor:
+    return ref.alibi_bias(heads, seq_q, seq_k).double()
 
 
 def _randint(gen: torch.Generator, low: int, high: int) -> int:
@@ -105,7 +131,7 @@ def _sinusoid_inputs(seq_range: tuple[int, int], d_range: tuple[int, int], odd: 
 def _judge_sinusoid(inputs: dict, outputs: dict) -> None:
     seq_len, d_model = inputs["args"]
     out = outputs["out"]
-    expected = ref.sinusoidal_encoding(seq_len, d_model).double()
+    expected = _ref_sinusoid(seq_len, d_model)
     if _matches(out, expected):
         return
     _diagnose(out, [
@@ -231,7 +257,7 @@ def _judge_learned_past(inputs: dict, outputs: dict) -> None:
 
 
 def _rope_variant(x: torch.Tensor, start_pos: int, base: float, *, sign: float = 1.0, halves: bool = False):
-    angle = sign * ref.rope_angles(x.shape[-2], x.shape[-1], start_pos, base)
+    angle = sign * _rope_angles(x.shape[-2], x.shape[-1], start_pos, base)
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
     if halves:
         a, b = x.chunk(2, dim=-1)
@@ -241,6 +267,12 @@ def _rope_variant(x: torch.Tensor, start_pos: int, base: float, *, sign: float =
     if halves:
         return torch.cat((ra, rb), dim=-1)
     return torch.stack((ra, rb), dim=-1).flatten(-2)
+
+
+def _rope_variant_angles(x: torch.Tensor, start_pos: int, base: float) -> None:
+    """Every angle table the mistakes below use, asked for up front (so that a student edition has them all)."""
+    for s, b in ((start_pos, base), (0, base), (start_pos, 10000.0), (start_pos, base ** 0.5)):
+        _rope_angles(x.shape[-2], x.shape[-1], s, b)
 
 
 def _rope_inputs(*, start: bool, base: bool = False, dtype=torch.float32, long: bool = False):
@@ -262,7 +294,8 @@ def _judge_rope(inputs: dict, outputs: dict) -> None:
     (x,) = inputs["args"]
     start_pos, base = inputs["kwargs"].get("start_pos", 0), inputs["kwargs"].get("base", 10000.0)
     out = outputs["out"]
-    expected = ref.apply_rope(x, start_pos, base)
+    expected = _ref_rope(x, start_pos, base)
+    _rope_variant_angles(x, start_pos, base)
     atol = 1e-5 if x.dtype == torch.float32 else 1e-10
     if _matches(out, expected, atol):
         return
@@ -314,6 +347,7 @@ def _judge_rope_complex(inputs: dict, outputs: dict) -> None:
     (x,) = inputs["args"]
     start_pos, base = inputs["kwargs"].get("start_pos", 0), inputs["kwargs"].get("base", 10000.0)
     out = outputs["out"]
+    _rope_variant_angles(x, start_pos, base)
     expected = _rope_variant(x.double(), start_pos, base)  # the pairwise rotation, written with cos and sin
     atol = 1e-5 if x.dtype == torch.float32 else 1e-10
     if isinstance(out, torch.Tensor) and out.shape == x.shape and out.dtype != x.dtype:
@@ -357,7 +391,7 @@ def _slopes_inputs(choices: tuple[int, ...]):
 def _judge_slopes(inputs: dict, outputs: dict) -> None:
     (n,) = inputs["args"]
     out = outputs["out"]
-    expected = ref.alibi_slopes(n).double()
+    expected = _ref_slopes(n)
     if _matches(out, expected, 1e-7):
         return
     _diagnose(out, [
@@ -387,10 +421,10 @@ def _bias_inputs(*, square: bool, power_of_two: bool = True):
 def _judge_bias(inputs: dict, outputs: dict) -> None:
     heads, seq_q, seq_k = inputs["args"]
     out = outputs["out"]
-    expected = ref.alibi_bias(heads, seq_q, seq_k).double()
+    expected = _ref_bias(heads, seq_q, seq_k)
+    slopes = _ref_slopes(heads)[:, None, None]
     if _matches(out, expected, 1e-6):
         return
-    slopes = ref.alibi_slopes(heads).double()[:, None, None]
     start_aligned = -slopes * (torch.arange(seq_q)[:, None] - torch.arange(seq_k)[None, :]).abs()
     _diagnose(out, [
         ("the bias must be a penalty: -slope · distance (≤ 0, 0 on the diagonal), yours is positive", -expected),

@@ -20,7 +20,7 @@ from torchvision.models import vision_transformer as tv
 
 from autograder.checks import core
 from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
-from solutions import vit as reference
+reference = core.reference("solutions.vit")  # in a student edition: replayed from a recording
 
 
 def _int(gen: torch.Generator, low: int, high: int) -> int:
@@ -264,15 +264,20 @@ def _judge_cls_wrong_positions(inputs: dict, outputs: dict) -> None:
 # --- VisionTransformer ------------------------------------------------------------------------------
 
 
+@core.recorded
+def _vit_state_shapes(config: tuple) -> list[tuple[str, tuple[int, ...]]]:
+    """The reference model's state: (name, shape) in order."""
+    return [(name, tuple(value.shape)) for name, value in reference.VisionTransformer(*config).state_dict().items()]
+
+
 def _vit_inputs(gen: torch.Generator, *, channels: int = 3, batch=(2, 3), layers=(1, 2), wrong_size: bool = False) -> dict:
     p, grid = _int(gen, 2, 3), _int(gen, 2, 3)
     n_heads = [1, 2, 4][_int(gen, 0, 2)]
     d_model = n_heads * _int(gen, 2, 4)
     config = (grid * p, p, channels, _int(gen, 3, 6), d_model, _int(gen, *layers), n_heads, 2 * d_model)
-    model = reference.VisionTransformer(*config)
     state = {}
-    for name, value in model.state_dict().items():
-        noise = torch.randn(value.shape, generator=gen)
+    for name, shape in _vit_state_shapes(config):
+        noise = torch.randn(shape, generator=gen)
         # LayerNorm scales near 1, everything else random: [CLS], positions and the head are not zero.
         state[name] = 1.0 + 0.2 * noise if "norm" in name and name.endswith("weight") else 0.3 * noise
     size = grid * p + (1 if wrong_size else 0)
@@ -305,6 +310,7 @@ def _torchvision_model(inputs: dict) -> nn.Module:
     return model.eval()
 
 
+@core.recorded
 def _vit_variants(inputs: dict) -> dict[str, Tensor]:
     """The reference's logits and those of the known mistakes of the forward pass, from the reference's pieces."""
     model = reference.VisionTransformer(*inputs["init_args"])
@@ -393,6 +399,7 @@ def _count_inputs(gen: torch.Generator, *, kind: str) -> dict:
                      _int(gen, 4, 64))}
 
 
+@core.recorded
 def _count_of(args: tuple) -> int:
     image_size, p, channels, n_classes, d_model, n_layers, n_heads, d_mlp = args
     with torch.device("meta"):  # shapes only: no memory, no initialisation
