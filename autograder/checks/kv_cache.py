@@ -349,6 +349,7 @@ def _gpt_inputs(kind: str, style: str = "prompt", past: bool = True):
         if past:
             data["past"] = torch.randint(0, config["vocab"], (batch, config["max_len"] - seq + _int(gen, 1, 2)),
                                          generator=gen)
+        data["other_batch"] = torch.randint(0, config["vocab"], (batch + 1, 2), generator=gen)
         return data
 
     return inputs
@@ -442,6 +443,13 @@ def _judge_gpt(inputs: dict, outputs: dict) -> None:
         expect_close(got, full_expected, f"fed in chunks {chunks} through a cache, the logits must equal one full "
                      "pass: read start = len(cache) first, pass the cache and the layer index to every block, and "
                      "advance the cache once at the end", atol=1e-4)
+    other = outputs.get("other_batch")
+    if inputs.get("other_batch") is not None:
+        batch = inputs["cache"][1]
+        _expect_value_error(other["error"], f"a cache made for batch={batch} fed {batch + 1} sequences", "batch")
+        if other["length"] != 0:
+            fail("a batch that does not match the cache's must change nothing: check it before the blocks run "
+                 f"(the cache's length moved from 0 to {other['length']})")
     past = outputs.get("past")
     if inputs.get("past") is not None:
         extra, max_len = inputs["past"].shape[1], inputs["config"]["max_len"]
@@ -887,8 +895,8 @@ CHECKS: dict[str, Check] = {
     "GPT": Check(
         name="GPT",
         visible=(
-            Case("a prompt fed in chunks equals one pass; past max_len: ValueError", _gpt_inputs("mha"), "gpt_chunks",
-                 _judge_gpt),
+            Case("a prompt fed in chunks equals one pass; past max_len or another batch: ValueError", _gpt_inputs("mha"),
+                 "gpt_chunks", _judge_gpt),
         ),
         hidden=(
             Case("GQA, random chunks", _gpt_inputs("gqa", "random"), "gpt_chunks", _judge_gpt),

@@ -433,7 +433,8 @@ def gpt_chunks(obj: Any, inputs: dict) -> dict:
     ``len(cache)`` after each (``lengths``), and the cache's log of writes per chunk (``writes``); an exception
     stops the chunks (``error``). Then ``inputs["past"]``
     (optional), tokens that do not fit in the context, is fed to the same cache: its error and the length
-    afterwards (``past``)."""
+    afterwards (``past``); and ``inputs["other_batch"]`` (optional), one sequence more than the cache was made
+    for, to a fresh cache (``other_batch``)."""
     model = _build_with_config(obj, inputs)
     idx = inputs["idx"]
     chunked, lengths, writes, past = [], [], [], None
@@ -453,7 +454,12 @@ def gpt_chunks(obj: Any, inputs: dict) -> dict:
         error = _raised(feed)
         if error is None and inputs.get("past") is not None:
             past = {"error": _raised(lambda: model(inputs["past"], cache=cache)), "length": len(cache)}
-    return {"full": full, "chunked": chunked, "lengths": lengths, "writes": writes, "error": error, "past": past}
+        other = None
+        if inputs.get("other_batch") is not None:  # a fresh cache for the case's batch, fed one sequence more
+            fresh = _ReferenceCache(*inputs["cache"])
+            other = {"error": _raised(lambda: model(inputs["other_batch"], cache=fresh)), "length": len(fresh)}
+    return {"full": full, "chunked": chunked, "lengths": lengths, "writes": writes, "error": error, "past": past,
+            "other_batch": other}
 
 
 def sample_twice(obj: Any, inputs: dict) -> dict:

@@ -142,6 +142,14 @@ MUTANTS: list[Mutant] = [
         ("        if cache is not None:\n            cache.advance(idx.shape[1])\n        return",
          "        return"),
     ),
+    _mutant(
+        "gpt_no_batch_check", "GPT",
+        "No check that the cache was made for this batch: a cache for one prompt fed two (or the reverse) fails "
+        "deep inside the cache's slice assignment with a shape error instead of a ValueError naming batch.",
+        ("        if cache is not None and cache.batch != idx.shape[0]:\n"
+         "            raise ValueError(f\"the cache was made for batch={cache.batch} but idx has batch {idx.shape[0]}; \"\n"
+         "                             f\"use model.new_cache(batch={idx.shape[0]})\")\n", ""),
+    ),
     # --- sample_next_token ---
     _mutant(
         "temperature_after_softmax", "sample_next_token",
