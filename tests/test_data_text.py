@@ -71,6 +71,8 @@ def test_load_text_user_file_utf8_and_gz(tmp_path: Path) -> None:
 def test_load_text_missing_file_names_it(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="nope.txt"):
         load_text(tmp_path / "nope.txt")
+    with pytest.raises(ValueError, match="a folder, not a file"):
+        load_text(tmp_path)
 
 
 @pytest.mark.parametrize("content", [b"", b"  \n\n"])

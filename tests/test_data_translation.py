@@ -144,6 +144,8 @@ def test_load_tsv_errors_name_file_and_line(tmp_path, content, line, words):
 def test_load_tsv_missing_and_empty_files(tmp_path):
     with pytest.raises(ValueError, match="missing.tsv: no such file"):
         load_tsv(tmp_path / "missing.tsv")
+    with pytest.raises(ValueError, match="a folder, not a file; --data needs a TSV file"):
+        load_tsv(tmp_path)
     for content in (b"", b"\n\n  \n"):
         (tmp_path / "empty.tsv").write_bytes(content)
         with pytest.raises(ValueError, match="empty.tsv: the file is empty"):

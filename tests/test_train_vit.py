@@ -144,6 +144,26 @@ def test_train_vit_bad_npz_is_an_error_not_a_traceback(vit_only, tmp_path, capsy
     assert re.fullmatch(r"error: --data .*missing array\(s\) \['images'\][^\n]*\n", capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda path: path.write_text("not an archive"), r"not an \.npz archive; save one with np\.savez"),
+    (lambda path: np.savez(path, images=np.array([None] * 4, dtype=object), labels=np.zeros(4, dtype=int)),
+     r"must be numeric arrays, not object arrays"),
+])
+def test_train_vit_npz_that_is_not_one_or_holds_objects_is_one_error_line(vit_only, tmp_path, capsys, make, message):
+    """Never numpy's advice to load the file with allow_pickle: one line that says what to save instead."""
+    make(tmp_path / "mine.npz")
+    assert train.main(["vit", "--quiet", "--data", str(tmp_path / "mine.npz")]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(f"error: --data [^\\n]*{message}[^\\n]*\\n", err), err
+    assert "allow_pickle" not in err  # numpy's advice to unpickle the file is not repeated
+
+
+def test_train_vit_data_that_does_not_exist_says_so(vit_only, tmp_path, capsys):
+    assert train.main(["vit", "--quiet", "--data", str(tmp_path / "nowhere")]) == 2
+    assert re.fullmatch(r"error: --data [^\n]*nowhere: no such file or folder; expected a folder in [^\n]*\n",
+                        capsys.readouterr().err)
+
+
 @pytest.mark.parametrize("option", ["--epochs", "--batch-size"])
 def test_train_vit_rejects_nonpositive_sizes(vit_only, option, capsys):
     assert train.main(["vit", "--quiet", option, "0"]) == 2

@@ -8,6 +8,7 @@ the UCI "Optical Recognition of Handwritten Digits" test set (1,797 images of
 from __future__ import annotations
 
 import gzip
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -72,9 +73,12 @@ def load_npz(
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"--data {path}: no such file")
+    if not zipfile.is_zipfile(path):  # else np.load tries it as a pickle and suggests allow_pickle
+        raise ValueError(f"--data {path}: not an .npz archive; save one with "
+                         "np.savez(path, images=images, labels=labels)")
     try:
         archive = np.load(path, allow_pickle=False)
-    except Exception as err:  # not a zip / not numpy
+    except Exception as err:  # a zip that numpy cannot read
         raise ValueError(f"--data {path}: not a readable .npz file ({err})") from None
     missing = [key for key in ("images", "labels") if key not in archive.files]
     if missing:
@@ -82,7 +86,11 @@ def load_npz(
             f"--data {path}: missing array(s) {missing}; found {archive.files}. "
             "Save with np.savez(path, images=images, labels=labels)"
         )
-    images, labels = archive["images"], archive["labels"]
+    try:
+        images, labels = archive["images"], archive["labels"]
+    except ValueError:  # object arrays: loading them would unpickle code from the file
+        raise ValueError(f"--data {path}: 'images' and 'labels' must be numeric arrays, not object arrays "
+                         "(those need pickle, which is never loaded from --data)") from None
     if images.ndim == 3:
         images = images[:, None]
     if images.ndim != 4:

@@ -30,7 +30,8 @@ def load_text(path: str | Path | None = None) -> str:
         return gzip.decompress(EMBEDDED_TEXT.read_bytes()).decode("utf-8")
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"--data {path}: no such file; give the path of a UTF-8 text file")
+        what = "a folder, not a file" if path.is_dir() else "no such file"
+        raise ValueError(f"--data {path}: {what}; give the path of a UTF-8 text file")
     raw = path.read_bytes()
     if path.suffix == ".gz":
         raw = gzip.decompress(raw)

@@ -260,7 +260,8 @@ def read_tsv(path: str | Path) -> list[TextPair]:
     """
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: no such file; --data needs a TSV file of 'source<TAB>target' lines")
+        what = "a folder, not a file" if path.is_dir() else "no such file"
+        raise ValueError(f"{path}: {what}; --data needs a TSV file of 'source<TAB>target' lines")
     raw_bytes = path.read_bytes()
     if path.suffix == ".gz":
         raw_bytes = gzip.decompress(raw_bytes)

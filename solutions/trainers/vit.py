@@ -107,6 +107,9 @@ def load_data(args: argparse.Namespace) -> tuple[tuple[Tensor, Tensor], tuple[Te
         train, test, classes = load_image_folder(args.data, args.image_size, seed=args.seed)
         return train, test, f"the image folder {args.data}", classes
     if args.data is not None:
+        if not args.data.exists():
+            raise ValueError(f"--data {args.data}: no such file or folder; expected a folder in {FOLDER_LAYOUT}, "
+                             "or an .npz file")
         if args.data.suffix != ".npz":
             raise ValueError(f"--data {args.data}: expected a folder in {FOLDER_LAYOUT}, or an .npz file")
         train, test = load_npz(args.data, seed=args.seed)
