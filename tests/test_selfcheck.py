@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +47,27 @@ def test_selfcheck_prints_the_hint_of_a_wrong_answer(tmp_path):
     line = next(line for line in done.stdout.splitlines() if "padding_mask" in line)
     assert line.startswith("✗ padding_mask: failed") and "polarity" in line
     assert f"visible score: {TOTAL - 1}/{TOTAL}" in done.stdout
+
+
+@pytest.mark.slow
+def test_selfcheck_reports_a_syntax_error_with_its_cell_and_line(tmp_path):
+    """A syntax error is an `error` that names the cell and the line, not "not done" or "not defined";
+    the grader gives the same verdict (both go through verdict.grade_notebook)."""
+    nb = redteam.solved(redteam.CH1, SOURCE)
+    redteam.set_cell(nb, "attention_scores_solution",
+                     "def attention_scores(q, k):\n    return (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5\n")
+    path = tmp_path / f"{redteam.CH1}.ipynb"
+    nbformat.write(nb, path)
+    done = _check(path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(line for line in done.stdout.splitlines() if "attention_scores" in line)
+    assert re.fullmatch(r"✗ attention_scores: error — cell \d+ has a syntax error \(line 2: .*\), so attention_scores "
+                        r"was never defined", line), line
+    assert "not done" not in line
+    # the exercises that do not call attention_scores are graded as usual; the one that calls it names it
+    verdicts = {line[2:].split(":")[0]: line for line in done.stdout.splitlines() if line.startswith(("✓", "✗"))}
+    assert "NameError: name 'attention_scores' is not defined" in verdicts.pop("scaled_dot_product_attention")
+    verdicts.pop("attention_scores")
+    assert all(line.startswith("✓") for line in verdicts.values()), verdicts
+    lost = redteam.CH1_POINTS["attention_scores"] + redteam.CH1_POINTS["scaled_dot_product_attention"]
+    assert f"visible score: {TOTAL - lost}/{TOTAL}" in done.stdout
