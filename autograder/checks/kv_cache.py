@@ -960,6 +960,8 @@ CHECKS: dict[str, Check] = {
                 per_token=False), "call_with_dtype_or_error", _judge_bytes),
             Case("batch and dtype", _bytes_random_inputs(("float16", "bfloat16", "float64")),
                  "call_with_dtype_or_error", _judge_bytes),
+            Case("a size that is not a positive int raises ValueError", _bytes_bad_inputs, "call_with_dtype_or_error",
+                 _judge_bytes_bad),
         ),
         hidden=(
             Case("published models", _bytes_model_inputs(tuple(_MODELS), per_token=False), "call_with_dtype_or_error",

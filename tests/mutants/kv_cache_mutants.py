@@ -270,4 +270,14 @@ MUTANTS: list[Mutant] = [
         "The batch is ignored: a server with 32 concurrent sequences needs 32 caches.",
         ("* seq_len * batch * dtype.itemsize", "* seq_len * dtype.itemsize"),
     ),
+    _mutant(
+        "bytes_unchecked", "kv_cache_bytes",
+        "No argument checks: kv_cache_bytes(0, ...) answers 0 bytes and a negative seq_len a negative size, "
+        "where the exercise asks for a ValueError naming the argument (a sizing tool fed a typo says nothing).",
+        ('    for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("d_head", d_head), ("batch", batch)):\n'
+         '        if not isinstance(value, int) or isinstance(value, bool) or value < 1:\n'
+         '            raise ValueError(f"{name} must be a positive int; got {value!r}")\n'
+         '    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 0:\n'
+         '        raise ValueError(f"seq_len must be a non-negative int; got {seq_len!r}")\n', ""),
+    ),
 ]
