@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import sys
 import types
 
@@ -128,6 +129,15 @@ def _context(nb, chapter: str) -> dict:
     return namespace
 
 
+def _answer_code(nb, hunt) -> list[str]:
+    """The code spans (`...`, 12+ characters) of the first folded answer after the bug-hunt cell ``hunt``."""
+    after = nb.cells[nb.cells.index(hunt) + 1 :]
+    answer = next((c.source for c in after if c.cell_type == "markdown" and "<details>" in c.source), "")
+    answer = answer[answer.index("<details>") :] if answer else ""
+    spans = [code.strip("\"'") for code in re.findall(r"`([^`\n]+)`", answer)]
+    return [code for code in spans if len(code) >= 12]
+
+
 def _run(source: str, namespace: dict) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -155,6 +165,8 @@ def test_bug_hunt_cell_prints_symptom_then_check_after_fix(chapter, marker, cont
     source = cells[0].source
     before = _run(source, contexts[chapter])
     assert "✗ still buggy" in before and "✓" not in before, before
+    printed = [code for code in _answer_code(nb, cells[0]) if code in before]
+    assert printed == [], f"the still-buggy cell prints its folded answer's {printed}:\n{before}"
     fixed = source
     for old, new in FIXES[chapter][marker]:
         assert old in fixed, f"{chapter}: the fix of {marker!r} no longer applies: {old!r} is not in the cell"
