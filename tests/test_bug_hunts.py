@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import sys
 import types
 
@@ -91,11 +92,6 @@ FIXES: dict[str, dict[str, list[tuple[str, str]]]] = {
     },
 }
 
-# chapters whose "predict, then run" prompts (2+) have folded answers too; chapters 4-5 answer theirs in the
-# text after the experiment (folding them is still to do)
-FOLDED_PREDICTIONS = {"01_attention_by_hand", "02_multi_head_attention", "03_positional_encodings",
-                      "06_kv_cache_inference"}
-
 # chapter id -> ids of the cells, besides the solution and given cells, that make what its hunts use
 SETUP: dict[str, tuple[str, ...]] = {
     "04_encoder_decoder": ("ch4-004", "ch4-037", "ch4-039", "ch4-046"),  # the data, the (short) main run, translate
@@ -129,6 +125,15 @@ def _context(nb, chapter: str) -> dict:
     return namespace
 
 
+def _answer_code(nb, hunt) -> list[str]:
+    """The code spans (`...`, 12+ characters) of the first folded answer after the bug-hunt cell ``hunt``."""
+    after = nb.cells[nb.cells.index(hunt) + 1 :]
+    answer = next((c.source for c in after if c.cell_type == "markdown" and "<details>" in c.source), "")
+    answer = answer[answer.index("<details>") :] if answer else ""
+    spans = [code.strip("\"'") for code in re.findall(r"`([^`\n]+)`", answer)]
+    return [code for code in spans if len(code) >= 12]
+
+
 def _run(source: str, namespace: dict) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -156,6 +161,8 @@ def test_bug_hunt_cell_prints_symptom_then_check_after_fix(chapter, marker, cont
     source = cells[0].source
     before = _run(source, contexts[chapter])
     assert "✗ still buggy" in before and "✓" not in before, before
+    printed = [code for code in _answer_code(nb, cells[0]) if code in before]
+    assert printed == [], f"the still-buggy cell prints its folded answer's {printed}:\n{before}"
     fixed = source
     for old, new in FIXES[chapter][marker]:
         assert old in fixed, f"{chapter}: the fix of {marker!r} no longer applies: {old!r} is not in the cell"
@@ -173,6 +180,4 @@ def test_bug_hunts_every_verdict_cell_has_a_fix(chapter):
     for source in hunts:
         assert any(marker in source for marker in FIXES[chapter]), f"{chapter}: a bug hunt without a tested fix:\n{source}"
     answers = [c.source for c in nb.cells if c.cell_type == "markdown" and "<details>" in c.source]
-    predictions = 2 if chapter in FOLDED_PREDICTIONS else 0
-    assert len(answers) >= len(hunts) + predictions, (
-        f"{chapter}: every bug hunt{' and 2+ predict prompts' if predictions else ''} need a folded answer")
+    assert len(answers) >= len(hunts) + 2, f"{chapter}: every bug hunt and 2+ predict prompts need a folded answer"
