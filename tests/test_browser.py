@@ -310,6 +310,7 @@ def test_run_all_on_an_untouched_chapter_runs_every_cell_and_renders_every_widge
 
         assert _widget_problems(page) == []
         displayed = _save_and_count_widget_outputs(page, lab["work"] / chapter.id / chapter.notebook)
+        assert displayed > 0, "no widget displayed: a widget waiting for an exercise shows and says so"
         assert _rendered_widgets(page) >= displayed, f"{displayed} widget(s) displayed, fewer rendered"
 
 
