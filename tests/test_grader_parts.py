@@ -114,6 +114,17 @@ def test_discover_any_file_name_linux_allows(tmp_path):
     assert "stud\\xffent" in students and "eve\\x0dmallory" in students and "back\\\\slash" in students
 
 
+def test_display_name_keeps_a_c1_character_apart_from_a_byte_that_is_not_utf8(tmp_path):
+    """U+0085 (bytes c2 85) and the lone byte 85 are two folders, so two students."""
+    assert record.display_name(b"a\xc2\x85") != record.display_name(b"a\x85")
+    root = tmp_path / "subs"
+    for name in (b"a\xc2\x85", b"a\x85"):
+        _touch(Path(os.fsdecode(bytes(root) + b"/" + name + b"/" + NB.encode())))
+    found = submissions.discover(root)
+    assert len({f.student for f in found.found}) == 2
+    assert all(f.problem is None for f in found.found)
+
+
 def test_match_chapter_exact_renamed_and_flat():
     assert submissions.match_chapter(NB) == (CH1.id, True, "")
     for renamed in (f"{CH1.id}-Copy1.ipynb", f"{CH1.id} (1).ipynb", f"{CH1.id}_v2.ipynb", f"{CH1.id}-checkpoint.ipynb"):
