@@ -243,6 +243,16 @@ def _pid_namespace(pid: int) -> str | None:
         return None
 
 
+def _stopped_or_gone(pid: int) -> bool:
+    """Whether ``pid`` is stopped (``T``, or ``t`` when traced), a zombie, or gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in (b"T", b"t", b"Z", b"X")
+
+
 @dataclass
 class Runner:
     """One sandboxed runner process; :meth:`start` (again after a kill), :meth:`request`, :meth:`close`."""
@@ -368,13 +378,21 @@ class Runner:
         except ProcessLookupError:
             pass
 
-    def reap(self) -> int:
-        """Kill every process the learner's code left in the sandbox (all but the runner); how many."""
+    def _leftovers(self) -> list[int]:
+        """Pids of the live processes the learner's code left in the sandbox: all but the runner, the
+        namespace's init and zombies (a zombie runs nothing; its parent or init collects it)."""
         if self.proc is None:
-            return 0
-        killed = 0
+            return []
+        found = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) in (os.getpid(), self.proc.pid):
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if not fields or fields[0] in (b"Z", b"X"):
                 continue
             if self._namespace is not None:
                 if _pid_namespace(int(entry)) != self._namespace:
@@ -382,20 +400,43 @@ class Runner:
                 inner = _proc_status(entry).get("NSpid", "").split()
                 if not inner or inner[-1] in ("1", str(self._runner_pid)):
                     continue  # the namespace's init, and the runner itself
-            else:
+            elif len(fields) < 4 or fields[3] != str(self.proc.pid).encode() or int(entry) == self._runner_pid:
+                continue  # not in the runner's session (fields: state, ppid, pgrp, session, ...)
+            found.append(int(entry))
+        return found
+
+    def reap(self, seconds: float = 5.0) -> int:
+        """Kill every process the learner's code left in the sandbox (all but the runner); how many.
+
+        One pass of "list, then kill" is not enough: a process that keeps forking has children the
+        list never saw, and one of them is a new fork bomb. So every process found is first sent
+        SIGSTOP, pass after pass, until each one has really stopped (state ``T``: it is back from
+        any fork it was in, so that child is visible and found in the next pass) and a pass finds
+        none that is new; a stopped process cannot fork, and keeps its slot in the process limit.
+        Then they are all killed.
+        """
+        deadline = time.monotonic() + seconds
+        signalled: set[int] = set()
+        while time.monotonic() < deadline:
+            # First whether all those signalled have stopped, then the list: a child made before
+            # its parent stopped (or exited) is in the list; one made later cannot exist.
+            settled = all(_stopped_or_gone(pid) for pid in signalled)
+            new = [pid for pid in self._leftovers() if pid not in signalled]
+            for pid in new:
                 try:
-                    with open(f"/proc/{entry}/stat", "rb") as f:
-                        session = f.read().rsplit(b")", 1)[1].split()[4]
-                except (OSError, IndexError):
+                    os.kill(pid, signal.SIGSTOP)
+                except (ProcessLookupError, PermissionError):
                     continue
-                if session != str(self.proc.pid).encode() or int(entry) == self._runner_pid:
-                    continue
+                signalled.add(pid)
+            if settled and not new:
+                break
+            time.sleep(0.001)
+        for pid in signalled:
             try:
-                os.kill(int(entry), signal.SIGKILL)
-                killed += 1
+                os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        return killed
+        return len(signalled)
 
     def kill(self) -> None:
         if self.proc is not None:

@@ -310,6 +310,43 @@ def test_remove_tree_deep_chains_links_and_locked_folders(tmp_path):
     assert keep.read_bytes() == b"keep" and (after.st_uid, after.st_mode) == (before.st_uid, before.st_mode)
 
 
+# --- processes left behind: killed after every request, however they move ---------------------------
+
+
+def _live_in_session(session: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != session:
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] not in (b"Z", b"X") and fields[3] == str(session).encode():
+                found.append(int(entry))
+    return found
+
+
+def test_reap_without_a_sandbox_kills_a_sleeper_and_a_process_that_keeps_moving():
+    """Level ``none`` (the self-check, and grading without bubblewrap): after a request nothing the
+    learner's code started is left in the runner's session: neither a sleeping child nor a process
+    that forks and exits over and over (its pid changes faster than one pass of "list, then kill")."""
+    runner = sandbox.Runner(sandbox.Limits(cell_seconds=60), level="none", unprivileged=False)
+    runner.start()
+    try:
+        cell = ("import os, time\n"
+                "if os.fork() == 0:\n    time.sleep(600)\n    os._exit(0)\n"
+                "if os.fork() == 0:\n    for _ in range(10**7):\n        if os.fork():\n            os._exit(0)\n"
+                "    os._exit(0)\n"
+                "time.sleep(0.5)\n")
+        assert runner.request({"op": "cell", "source": cell}, 60)["ok"] is True
+        time.sleep(1)
+        assert _live_in_session(runner.proc.pid) == []
+        assert runner.request({"op": "cell", "source": "x = 1"}, 60)["ok"] is True  # the runner itself lives on
+    finally:
+        runner.close()
+
+
 # --- the grader's command line on wrong input ------------------------------------------------------
 
 
