@@ -347,6 +347,50 @@ def test_reap_without_a_sandbox_kills_a_sleeper_and_a_process_that_keeps_moving(
         runner.close()
 
 
+# --- a notebook that kills its grading worker: retried once, then an error row; the batch ends ------
+
+
+class KillsTheWorker:
+    """A path that ends the worker process that turns it into a Path (as a grader crash would)."""
+
+    def __fspath__(self):
+        os._exit(3)
+
+
+@pytest.mark.slow
+def test_run_jobs_ends_when_every_notebook_kills_its_worker(tmp_path):
+    from autograder import grade
+
+    root = tmp_path / "subs"
+    jobs = []
+    for student in ("a", "b", "c"):
+        _touch(root / student / NB)
+        jobs.append(grade.Job(student, f"{student}/{NB}", f"{student}/{NB}".encode(), CH1.id, "0" * 64,
+                              str(tmp_path / f"{student}.json")))
+    cfg = grade.Settings(root=root, out=tmp_path / "out" / "grades.csv", state=tmp_path / "state", jobs=2,
+                         chapters=None, gradebook=None, limits=sandbox.Limits(), hide=(KillsTheWorker(),),
+                         max_bytes=10**6, regrade=False, course_dir=tmp_path / "course")
+    pools = []
+    real_pool = grade.cf.ProcessPoolExecutor
+
+    def counting_pool(*args, **kwargs):
+        pools.append(1)
+        assert len(pools) <= 6, "the pool is restarted again and again: a notebook that kills its worker " \
+                                "must be retried once, then get an error row"
+        return real_pool(*args, **kwargs)
+
+    results = []
+    grade.cf.ProcessPoolExecutor = counting_pool
+    try:
+        grade.run_jobs(jobs, cfg, results.append)
+    finally:
+        grade.cf.ProcessPoolExecutor = real_pool
+    assert sorted(r["student"] for r in results) == ["a", "b", "c"]
+    for r in results:
+        assert {row["status"] for row in r["rows"]} == {"error"} and r["retry"] is True
+        assert all("died twice" in row["reason"] for row in r["rows"])
+
+
 # --- the grader's command line on wrong input ------------------------------------------------------
 
 
