@@ -173,6 +173,36 @@ def hidden_paths(chapter, extra: list[Path] = ()) -> list[Path]:
 # --- files: never through a link, never recursively --------------------------------
 
 
+def _own_folder(name: str, dir_fd: int) -> None:
+    """Make the folder ``name`` in ``dir_fd`` readable and writable by us (0700), never through a link.
+
+    The learner may have made it unreadable (or unwritable: then it cannot be moved). ``chmod`` on
+    a name would follow a link put there meanwhile, so it goes through an ``O_PATH`` descriptor of
+    that very folder. Not ours and we are not root: left as it is.
+    """
+    path_fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    try:
+        os.chmod(f"/proc/self/fd/{path_fd}", 0o700)
+    except PermissionError:
+        pass
+    finally:
+        os.close(path_fd)
+
+
+def _open_folder(name: str, dir_fd: int) -> int:
+    """A descriptor for listing the folder ``name`` in ``dir_fd``, never through a link."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except PermissionError:
+        _own_folder(name, dir_fd)
+        return os.open(name, flags, dir_fd=dir_fd)
+
+
+def _not_a_folder(err: OSError) -> bool:
+    return err.errno in (errno.ELOOP, errno.ENOTDIR)
+
+
 def remove_tree(root: Path) -> None:
     """Delete ``root`` and everything under it without following any link, at any depth.
 
@@ -194,15 +224,26 @@ def remove_tree(root: Path) -> None:
         while pending:
             name = pending.pop()
             try:
-                os.chmod(name, 0o700, dir_fd=base_fd)  # a folder the learner made unreadable
-                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=base_fd)
+                fd = _open_folder(name, base_fd)
             except FileNotFoundError:
+                continue
+            except OSError as err:
+                if not _not_a_folder(err):
+                    raise
+                os.unlink(name, dir_fd=base_fd)  # no longer a folder (a link put in its place): the entry goes
                 continue
             try:
                 with os.scandir(fd) as entries:
                     children = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
                 for child, is_dir in children:
                     if is_dir:
+                        try:
+                            _own_folder(child, fd)  # moving a folder needs write access to it
+                        except OSError as err:
+                            if not _not_a_folder(err):
+                                raise
+                            os.unlink(child, dir_fd=fd)  # a link put in its place meanwhile
+                            continue
                         counter += 1
                         moved = f".tdd-rm-{os.getpid()}-{counter}-{secrets.token_hex(4)}"
                         os.rename(child, moved, src_dir_fd=fd, dst_dir_fd=base_fd)

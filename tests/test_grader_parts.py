@@ -310,6 +310,65 @@ def test_remove_tree_deep_chains_links_and_locked_folders(tmp_path):
     assert keep.read_bytes() == b"keep" and (after.st_uid, after.st_mode) == (before.st_uid, before.st_mode)
 
 
+def test_remove_tree_never_chmods_through_a_link_put_in_place_of_a_folder(tmp_path, monkeypatch):
+    """A folder swapped for a link to a host folder while the tree is removed (a process still running):
+    the host folder keeps its mode, and the link itself is removed."""
+    outside = tmp_path / "host"
+    outside.mkdir()
+    os.chmod(outside, 0o755)
+    root = tmp_path / "scratch"
+    (root / "victim").mkdir(parents=True)
+    real_rename = os.rename
+
+    def rename_then_swap(src, dst, *, src_dir_fd=None, dst_dir_fd=None):
+        real_rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        if src == "victim":
+            os.rmdir(dst, dir_fd=dst_dir_fd)
+            os.symlink(outside, dst, dir_fd=dst_dir_fd)
+
+    monkeypatch.setattr(sandbox.os, "rename", rename_then_swap)
+    sandbox.remove_tree(root)
+    monkeypatch.undo()
+    assert stat.S_IMODE(os.stat(outside).st_mode) == 0o755
+    assert not root.exists() and outside.is_dir()
+    assert [p.name for p in tmp_path.iterdir()] == ["host"]  # no link or moved folder left behind
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_remove_tree_as_the_learners_own_user_with_locked_folders():
+    """Without root (the grader's own user is the learner's, level ``none``): folders made 0000 or 0500,
+    the scratch folder itself included, are still removed."""
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="tdd-test-"))  # pytest's tmp_path is not reachable by another user
+    os.chmod(tmp_path, 0o755)
+    root = tmp_path / "scratch"
+    _touch(root / "locked" / "inner" / "f")
+    _touch(root / "readonly" / "g")
+    for dirpath, dirnames, filenames in os.walk(tmp_path):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), 4242, 4242)
+    os.chmod(tmp_path, 0o777)
+    os.chmod(root / "locked", 0)
+    os.chmod(root / "readonly", 0o500)
+    os.chmod(root, 0)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover — the child
+        code = 1
+        try:
+            os.setgid(4242)
+            os.setuid(4242)
+            sandbox.remove_tree(root)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    try:
+        assert os.waitstatus_to_exitcode(status) == 0 and not root.exists()
+    finally:
+        sandbox.remove_tree(tmp_path)
+
+
 # --- processes left behind: killed after every request, however they move ---------------------------
 
 
