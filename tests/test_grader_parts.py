@@ -406,6 +406,30 @@ def test_reap_without_a_sandbox_kills_a_sleeper_and_a_process_that_keeps_moving(
         runner.close()
 
 
+def test_kernel_that_cannot_start_is_started_once_and_every_exercise_says_why(monkeypatch):
+    """A memory limit no kernel can work in: one start, not a retry loop until the notebook's deadline;
+    every exercise gets the same `crashed` row with the reason, within the time of that one start."""
+    from autograder import verdict
+
+    starts = []
+    real_start = sandbox.Runner.start
+
+    def counting_start(self):
+        starts.append(time.monotonic())
+        return real_start(self)
+
+    monkeypatch.setattr(sandbox.Runner, "start", counting_start)
+    data = (registry.COURSE_DIR / CH1.id / NB).read_bytes()
+    limits = sandbox.Limits(memory_bytes=2**30, notebook_seconds=600)
+    started = time.monotonic()
+    rows = verdict.grade_notebook(data, CH1, limits=limits, isolation="none")
+    seconds = time.monotonic() - started
+    assert len(starts) == 1, f"the kernel was started {len(starts)} times"
+    assert [r["exercise"] for r in rows] == [ex.name for ex in CH1.exercises]
+    assert {r["status"] for r in rows} == {"crashed"} and all("could not start" in r["reason"] for r in rows)
+    assert seconds < limits.start_seconds, f"{seconds:.0f} s"
+
+
 # --- a notebook that kills its grading worker: retried once, then an error row; the batch ends ------
 
 
