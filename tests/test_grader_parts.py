@@ -433,6 +433,28 @@ def test_kernel_that_cannot_start_is_started_once_and_every_exercise_says_why(mo
 # --- a notebook that kills its grading worker: retried once, then an error row; the batch ends ------
 
 
+def test_grade_job_a_grader_failure_is_that_notebooks_error_rows_and_not_cached(tmp_path, monkeypatch):
+    from autograder import grade, verdict
+
+    root = tmp_path / "subs"
+    _touch(root / "alice" / NB, (registry.COURSE_DIR / CH1.id / NB).read_bytes())
+
+    def broken(*args, **kwargs):
+        raise RecursionError("deep")
+
+    monkeypatch.setattr(verdict, "grade_notebook", broken)
+    cfg = grade.Settings(root=root, out=tmp_path / "out" / "grades.csv", state=tmp_path / "state", jobs=1,
+                         chapters=None, gradebook=None, limits=sandbox.Limits(), hide=(), max_bytes=10**7,
+                         regrade=False, course_dir=registry.COURSE_DIR)
+    (tmp_path / "state").mkdir()
+    _, jobs, _ = grade.work_list(cfg)
+    res = grade.grade_job(jobs[0], cfg)
+    assert [r["exercise"] for r in res["rows"]] == [ex.name for ex in CH1.exercises]
+    assert {r["status"] for r in res["rows"]} == {"error"} and res["retry"] is True
+    assert "the grader failed on this notebook (RecursionError)" in res["rows"][0]["reason"]
+    assert list((tmp_path / "state").iterdir()) == []  # graded again next run
+
+
 class KillsTheWorker:
     """A path that ends the worker process that turns it into a Path (as a grader crash would)."""
 
