@@ -4,8 +4,8 @@ Isolation levels, best first (:func:`detect` picks one with a real probe):
 
 * ``bwrap`` — bubblewrap: new pid, net, ipc, uts namespaces (and a user namespace when
   not root); no network; a read-only root made only of read-only binds of the system
-  and Python directories and of the course packages, with the grading chapter's answer
-  modules, its checks, the source notebooks and ``__pycache__`` masked; a size-capped
+  and Python directories and of the course packages, with every chapter's checks, the answer
+  modules of the graded chapter and of the later ones, the source notebooks and ``__pycache__`` masked; a size-capped
   ``/tmp`` and a size-capped writable ``/sandbox`` (both tmpfs, fresh at every start).
   Nothing else of the host is visible: not the submissions, not the gradebook, not the
   grader's output.
@@ -160,13 +160,23 @@ def _bwrap_prefix(hide: list[Path], limits: Limits) -> list[str]:
 
 
 def hidden_paths(chapter, extra: list[Path] = ()) -> list[Path]:
-    """Files the learner must not read while ``chapter`` (a registry Chapter) is graded."""
+    """Files the learner must not read while ``chapter`` (a registry Chapter) is graded.
+
+    Its answer modules and those of every later chapter (not yet due: a student edition withholds
+    them), and the checks modules of every chapter (their hidden cases). What the learner's code
+    reads can reach the ``reason`` column, and so the learner's feedback. Earlier chapters' answer
+    modules stay readable: a notebook imports what earlier chapters built.
+    """
+    from autograder import registry
+
     paths = [Path(p) for p in extra]
     if chapter is not None:
-        paths += [Path(f) for f in chapter.answer_files()]
-        checks = chapter.checks_file()
-        if checks:
-            paths.append(Path(checks))
+        for other in registry.CHAPTERS:
+            if other.number >= chapter.number:
+                paths += [Path(f) for f in other.answer_files()]
+            checks = other.checks_file()
+            if checks:
+                paths.append(Path(checks))
     return paths
 
 

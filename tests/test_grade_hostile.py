@@ -213,6 +213,26 @@ def test_reap_kills_a_fork_bomb_that_a_cell_left_running():
         runner.close()
 
 
+def test_other_chapters_hidden_checks_and_answers_not_yet_due_never_reach_the_reason():
+    """A chapter-1 submission that reads chapter 2's checks (hidden cases) and chapter 6's answers and raises
+    them as its error message: nothing of them appears in its rows (what its feedback shows)."""
+    from autograder import verdict
+
+    later = registry.CHAPTERS[-1]
+    files = [registry.CHAPTERS[1].checks_file(), *later.answer_files()]
+    nb = redteam.solved(CH1, REPO / "autograder" / "source")
+    redteam.set_cell(nb, "padding_mask_solution", "def padding_mask(tokens, pad_id):\n"
+                     f"    found = [open(f).read() for f in {files!r}]\n"
+                     "    raise ValueError(' | '.join(text[-200:].replace(chr(10), ' ') for text in found))\n")
+    rows = verdict.grade_notebook(nbformat.writes(nb).encode(), registry.get(CH1),
+                                  limits=sandbox.Limits(cell_seconds=60))
+    reasons = " ".join(r["reason"] for r in rows)
+    for f in files:
+        tail = Path(f).read_text()[-200:].replace("\n", " ").strip()
+        assert tail[-40:] not in reasons, f"{f} reached the feedback: {reasons[:300]}"
+    assert [r["status"] for r in rows if r["exercise"] == "padding_mask"] == ["error"]
+
+
 def test_kernel_that_cannot_start_gives_every_exercise_one_status_at_once(tmp_path):
     subs = tmp_path / "submissions" / "alice"
     subs.mkdir(parents=True)

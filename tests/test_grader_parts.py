@@ -369,6 +369,18 @@ def test_remove_tree_as_the_learners_own_user_with_locked_folders():
         sandbox.remove_tree(tmp_path)
 
 
+@pytest.mark.parametrize("chapter", registry.CHAPTERS, ids=registry.ids())
+def test_hidden_paths_every_checks_module_and_the_answers_not_yet_due(chapter):
+    """Read in the sandbox, a file can reach the reason column, so the learner's feedback: every chapter's
+    checks (hidden cases) and the answers of this chapter and the later ones are hidden; earlier answers
+    (which the notebook imports) are not."""
+    hidden = {str(p) for p in sandbox.hidden_paths(chapter)}
+    for other in registry.CHAPTERS:
+        assert other.checks_file() in hidden, other.checks
+        for f in other.answer_files():
+            assert (f in hidden) == (other.number >= chapter.number), (other.id, f)
+
+
 # --- processes left behind: killed after every request, however they move ---------------------------
 
 
