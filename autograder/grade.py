@@ -335,8 +335,8 @@ def run_jobs(jobs: list[Job], cfg: Settings, on_result) -> None:
         with cf.ProcessPoolExecutor(max_workers=min(cfg.jobs, len(queue)), mp_context=ctx,
                                     initializer=_init_worker, initargs=(cfg,)) as pool:
             flight: dict[cf.Future, Job] = {}
-            broken = False
-            while (queue or flight) and not broken:
+            lost: list[Job] = []  # in flight when the pool broke
+            while (queue or flight) and not lost:
                 while queue and len(flight) < cfg.jobs:
                     job = queue.pop()
                     flight[pool.submit(_worker, job)] = job
@@ -346,17 +346,15 @@ def run_jobs(jobs: list[Job], cfg: Settings, on_result) -> None:
                     try:
                         on_result(fut.result())
                     except BrokenProcessPool:
-                        broken = True
-                        queue.append(job)
+                        lost.append(job)
                     except Exception as err:  # noqa: BLE001 — never lose the batch for one notebook
                         on_result(_internal_error(job, err))
-            if broken:
-                for job in list(flight.values()) + [j for j in queue if j in breaks]:
-                    breaks[job] = breaks.get(job, 0) + 1
-                queue.extend(flight.values())
-                for job in [j for j in queue if breaks.get(j, 0) >= 2]:
-                    queue.remove(job)
+            for job in lost + list(flight.values()):  # every notebook in flight at the break, and only those
+                breaks[job] = breaks.get(job, 0) + 1
+                if breaks[job] >= 2:
                     on_result(_internal_error(job, RuntimeError("the grading worker died twice on it")))
+                else:
+                    queue.append(job)  # retried next, in a new pool
 
 
 def _internal_error(job: Job, err: BaseException) -> dict:

@@ -30,8 +30,12 @@ _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]
 
 
 def printable(text: str) -> str:
-    """``text`` with control and bidi-override characters escaped (safe for a terminal)."""
-    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
+    """``text`` with control and bidi-override characters escaped (safe for a terminal).
+
+    C0 and DEL become ``\\xNN``; C1 controls and bidi overrides become ``\\uNNNN``, so that a
+    C1 character never reads like a byte that is not UTF-8 (``display_name`` shows those as ``\\xNN``).
+    """
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x80 else f"\\u{ord(m.group()):04x}",
                        text)
 
 

@@ -4,8 +4,8 @@ Isolation levels, best first (:func:`detect` picks one with a real probe):
 
 * ``bwrap`` — bubblewrap: new pid, net, ipc, uts namespaces (and a user namespace when
   not root); no network; a read-only root made only of read-only binds of the system
-  and Python directories and of the course packages, with the grading chapter's answer
-  modules, its checks, the source notebooks and ``__pycache__`` masked; a size-capped
+  and Python directories and of the course packages, with every chapter's checks, the answer
+  modules of the graded chapter and of the later ones, the source notebooks and ``__pycache__`` masked; a size-capped
   ``/tmp`` and a size-capped writable ``/sandbox`` (both tmpfs, fresh at every start).
   Nothing else of the host is visible: not the submissions, not the gradebook, not the
   grader's output.
@@ -160,17 +160,57 @@ def _bwrap_prefix(hide: list[Path], limits: Limits) -> list[str]:
 
 
 def hidden_paths(chapter, extra: list[Path] = ()) -> list[Path]:
-    """Files the learner must not read while ``chapter`` (a registry Chapter) is graded."""
+    """Files the learner must not read while ``chapter`` (a registry Chapter) is graded.
+
+    Its answer modules and those of every later chapter (not yet due: a student edition withholds
+    them), and the checks modules of every chapter (their hidden cases). What the learner's code
+    reads can reach the ``reason`` column, and so the learner's feedback. Earlier chapters' answer
+    modules stay readable: a notebook imports what earlier chapters built.
+    """
+    from autograder import registry
+
     paths = [Path(p) for p in extra]
     if chapter is not None:
-        paths += [Path(f) for f in chapter.answer_files()]
-        checks = chapter.checks_file()
-        if checks:
-            paths.append(Path(checks))
+        for other in registry.CHAPTERS:
+            if other.number >= chapter.number:
+                paths += [Path(f) for f in other.answer_files()]
+            checks = other.checks_file()
+            if checks:
+                paths.append(Path(checks))
     return paths
 
 
 # --- files: never through a link, never recursively --------------------------------
+
+
+def _own_folder(name: str, dir_fd: int) -> None:
+    """Make the folder ``name`` in ``dir_fd`` readable and writable by us (0700), never through a link.
+
+    The learner may have made it unreadable (or unwritable: then it cannot be moved). ``chmod`` on
+    a name would follow a link put there meanwhile, so it goes through an ``O_PATH`` descriptor of
+    that very folder. Not ours and we are not root: left as it is.
+    """
+    path_fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    try:
+        os.chmod(f"/proc/self/fd/{path_fd}", 0o700)
+    except PermissionError:
+        pass
+    finally:
+        os.close(path_fd)
+
+
+def _open_folder(name: str, dir_fd: int) -> int:
+    """A descriptor for listing the folder ``name`` in ``dir_fd``, never through a link."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except PermissionError:
+        _own_folder(name, dir_fd)
+        return os.open(name, flags, dir_fd=dir_fd)
+
+
+def _not_a_folder(err: OSError) -> bool:
+    return err.errno in (errno.ELOOP, errno.ENOTDIR)
 
 
 def remove_tree(root: Path) -> None:
@@ -194,15 +234,26 @@ def remove_tree(root: Path) -> None:
         while pending:
             name = pending.pop()
             try:
-                os.chmod(name, 0o700, dir_fd=base_fd)  # a folder the learner made unreadable
-                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=base_fd)
+                fd = _open_folder(name, base_fd)
             except FileNotFoundError:
+                continue
+            except OSError as err:
+                if not _not_a_folder(err):
+                    raise
+                os.unlink(name, dir_fd=base_fd)  # no longer a folder (a link put in its place): the entry goes
                 continue
             try:
                 with os.scandir(fd) as entries:
                     children = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
                 for child, is_dir in children:
                     if is_dir:
+                        try:
+                            _own_folder(child, fd)  # moving a folder needs write access to it
+                        except OSError as err:
+                            if not _not_a_folder(err):
+                                raise
+                            os.unlink(child, dir_fd=fd)  # a link put in its place meanwhile
+                            continue
                         counter += 1
                         moved = f".tdd-rm-{os.getpid()}-{counter}-{secrets.token_hex(4)}"
                         os.rename(child, moved, src_dir_fd=fd, dst_dir_fd=base_fd)
@@ -241,6 +292,16 @@ def _pid_namespace(pid: int) -> str | None:
         return os.readlink(f"/proc/{pid}/ns/pid")
     except OSError:
         return None
+
+
+def _stopped_or_gone(pid: int) -> bool:
+    """Whether ``pid`` is stopped (``T``, or ``t`` when traced), a zombie, or gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in (b"T", b"t", b"Z", b"X")
 
 
 @dataclass
@@ -368,13 +429,21 @@ class Runner:
         except ProcessLookupError:
             pass
 
-    def reap(self) -> int:
-        """Kill every process the learner's code left in the sandbox (all but the runner); how many."""
+    def _leftovers(self) -> list[int]:
+        """Pids of the live processes the learner's code left in the sandbox: all but the runner, the
+        namespace's init and zombies (a zombie runs nothing; its parent or init collects it)."""
         if self.proc is None:
-            return 0
-        killed = 0
+            return []
+        found = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) in (os.getpid(), self.proc.pid):
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if not fields or fields[0] in (b"Z", b"X"):
                 continue
             if self._namespace is not None:
                 if _pid_namespace(int(entry)) != self._namespace:
@@ -382,20 +451,43 @@ class Runner:
                 inner = _proc_status(entry).get("NSpid", "").split()
                 if not inner or inner[-1] in ("1", str(self._runner_pid)):
                     continue  # the namespace's init, and the runner itself
-            else:
+            elif len(fields) < 4 or fields[3] != str(self.proc.pid).encode() or int(entry) == self._runner_pid:
+                continue  # not in the runner's session (fields: state, ppid, pgrp, session, ...)
+            found.append(int(entry))
+        return found
+
+    def reap(self, seconds: float = 5.0) -> int:
+        """Kill every process the learner's code left in the sandbox (all but the runner); how many.
+
+        One pass of "list, then kill" is not enough: a process that keeps forking has children the
+        list never saw, and one of them is a new fork bomb. So every process found is first sent
+        SIGSTOP, pass after pass, until each one has really stopped (state ``T``: it is back from
+        any fork it was in, so that child is visible and found in the next pass) and a pass finds
+        none that is new; a stopped process cannot fork, and keeps its slot in the process limit.
+        Then they are all killed.
+        """
+        deadline = time.monotonic() + seconds
+        signalled: set[int] = set()
+        while time.monotonic() < deadline:
+            # First whether all those signalled have stopped, then the list: a child made before
+            # its parent stopped (or exited) is in the list; one made later cannot exist.
+            settled = all(_stopped_or_gone(pid) for pid in signalled)
+            new = [pid for pid in self._leftovers() if pid not in signalled]
+            for pid in new:
                 try:
-                    with open(f"/proc/{entry}/stat", "rb") as f:
-                        session = f.read().rsplit(b")", 1)[1].split()[4]
-                except (OSError, IndexError):
+                    os.kill(pid, signal.SIGSTOP)
+                except (ProcessLookupError, PermissionError):
                     continue
-                if session != str(self.proc.pid).encode() or int(entry) == self._runner_pid:
-                    continue
+                signalled.add(pid)
+            if settled and not new:
+                break
+            time.sleep(0.001)
+        for pid in signalled:
             try:
-                os.kill(int(entry), signal.SIGKILL)
-                killed += 1
+                os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        return killed
+        return len(signalled)
 
     def kill(self) -> None:
         if self.proc is not None:

@@ -37,8 +37,12 @@ def check(notebook: Path, timeout: float = 120.0) -> tuple[list[dict], float, fl
         raise ValueError(f"{path} cannot be read: {err}") from None
     limits = sandbox.Limits(cell_seconds=timeout, notebook_seconds=max(600.0, 5 * timeout), memory_bytes=2**40,
                             processes=4096, output_bytes=64 * 2**20)
-    rows = verdict.grade_notebook(data, registry.get(chapter_id), level="visible", limits=limits,
-                                  isolation="none", unprivileged=False)
+    try:
+        rows = verdict.grade_notebook(data, registry.get(chapter_id), level="visible", limits=limits,
+                                      isolation="none", unprivileged=False)
+    except (Exception, RecursionError) as err:  # noqa: BLE001 — the checker's own failure: one line, as in grade
+        raise ValueError(f"the self-check failed on this notebook ({type(err).__name__}); "
+                         "please report it with the notebook") from None
     return rows, sum(r["points"] for r in rows), sum(r["max_points"] for r in rows)
 
 

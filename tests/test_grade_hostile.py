@@ -181,6 +181,58 @@ def test_fork_bomb_beside_an_honest_student_on_a_busy_machine(tmp_path, cpu_burn
     assert others == ["passed"] * (len(registry.get(CH1).exercises) - 1), bomb_rows
 
 
+def _live_in_namespace(runner: sandbox.Runner) -> list[int]:
+    """Processes of the runner's pid namespace that still run, other than its init and the runner."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or sandbox._pid_namespace(int(entry)) != runner._namespace:
+            continue
+        status = sandbox._proc_status(entry)
+        if status.get("State", "Z").startswith(("Z", "X")):
+            continue
+        if status.get("NSpid", "").split()[-1:] not in (["1"], [str(runner._runner_pid)]):
+            found.append(int(entry))
+    return found
+
+
+def test_reap_kills_a_fork_bomb_that_a_cell_left_running():
+    """A cell starts fork bombs and returns: once its request is answered, none of them may run on
+    (one pass of "list, then kill" misses the children born during the pass, and one is enough)."""
+    runner = sandbox.Runner(sandbox.Limits(cell_seconds=60))
+    runner.start()
+    try:
+        cell = ("import os\nfor _ in range(8):\n    if os.fork() == 0:\n        while True:\n            try:\n"
+                "                os.fork()\n            except OSError:\n                pass\n")
+        runner.request({"op": "cell", "source": cell}, 60)
+        deadline = time.monotonic() + 30  # killed processes may take a moment to exit on a busy machine
+        while _live_in_namespace(runner) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _live_in_namespace(runner) == []
+        assert runner.request({"op": "cell", "source": "x = 1"}, 60)["ok"] is True  # the runner lives on
+    finally:
+        runner.close()
+
+
+def test_other_chapters_hidden_checks_and_answers_not_yet_due_never_reach_the_reason():
+    """A chapter-1 submission that reads chapter 2's checks (hidden cases) and chapter 6's answers and raises
+    them as its error message: nothing of them appears in its rows (what its feedback shows)."""
+    from autograder import verdict
+
+    later = registry.CHAPTERS[-1]
+    files = [registry.CHAPTERS[1].checks_file(), *later.answer_files()]
+    nb = redteam.solved(CH1, REPO / "autograder" / "source")
+    redteam.set_cell(nb, "padding_mask_solution", "def padding_mask(tokens, pad_id):\n"
+                     f"    found = [open(f).read() for f in {files!r}]\n"
+                     "    raise ValueError(' | '.join(text[-200:].replace(chr(10), ' ') for text in found))\n")
+    rows = verdict.grade_notebook(nbformat.writes(nb).encode(), registry.get(CH1),
+                                  limits=sandbox.Limits(cell_seconds=60))
+    reasons = " ".join(r["reason"] for r in rows)
+    for f in files:
+        tail = Path(f).read_text()[-200:].replace("\n", " ").strip()
+        assert tail[-40:] not in reasons, f"{f} reached the feedback: {reasons[:300]}"
+    assert [r["status"] for r in rows if r["exercise"] == "padding_mask"] == ["error"]
+
+
 def test_kernel_that_cannot_start_gives_every_exercise_one_status_at_once(tmp_path):
     subs = tmp_path / "submissions" / "alice"
     subs.mkdir(parents=True)

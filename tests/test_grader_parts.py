@@ -114,6 +114,17 @@ def test_discover_any_file_name_linux_allows(tmp_path):
     assert "stud\\xffent" in students and "eve\\x0dmallory" in students and "back\\\\slash" in students
 
 
+def test_display_name_keeps_a_c1_character_apart_from_a_byte_that_is_not_utf8(tmp_path):
+    """U+0085 (bytes c2 85) and the lone byte 85 are two folders, so two students."""
+    assert record.display_name(b"a\xc2\x85") != record.display_name(b"a\x85")
+    root = tmp_path / "subs"
+    for name in (b"a\xc2\x85", b"a\x85"):
+        _touch(Path(os.fsdecode(bytes(root) + b"/" + name + b"/" + NB.encode())))
+    found = submissions.discover(root)
+    assert len({f.student for f in found.found}) == 2
+    assert all(f.problem is None for f in found.found)
+
+
 def test_match_chapter_exact_renamed_and_flat():
     assert submissions.match_chapter(NB) == (CH1.id, True, "")
     for renamed in (f"{CH1.id}-Copy1.ipynb", f"{CH1.id} (1).ipynb", f"{CH1.id}_v2.ipynb", f"{CH1.id}-checkpoint.ipynb"):
@@ -297,6 +308,204 @@ def test_remove_tree_deep_chains_links_and_locked_folders(tmp_path):
     assert not root.exists()
     after = os.stat(keep)
     assert keep.read_bytes() == b"keep" and (after.st_uid, after.st_mode) == (before.st_uid, before.st_mode)
+
+
+def test_remove_tree_never_chmods_through_a_link_put_in_place_of_a_folder(tmp_path, monkeypatch):
+    """A folder swapped for a link to a host folder while the tree is removed (a process still running):
+    the host folder keeps its mode, and the link itself is removed."""
+    outside = tmp_path / "host"
+    outside.mkdir()
+    os.chmod(outside, 0o755)
+    root = tmp_path / "scratch"
+    (root / "victim").mkdir(parents=True)
+    real_rename = os.rename
+
+    def rename_then_swap(src, dst, *, src_dir_fd=None, dst_dir_fd=None):
+        real_rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        if src == "victim":
+            os.rmdir(dst, dir_fd=dst_dir_fd)
+            os.symlink(outside, dst, dir_fd=dst_dir_fd)
+
+    monkeypatch.setattr(sandbox.os, "rename", rename_then_swap)
+    sandbox.remove_tree(root)
+    monkeypatch.undo()
+    assert stat.S_IMODE(os.stat(outside).st_mode) == 0o755
+    assert not root.exists() and outside.is_dir()
+    assert [p.name for p in tmp_path.iterdir()] == ["host"]  # no link or moved folder left behind
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_remove_tree_as_the_learners_own_user_with_locked_folders():
+    """Without root (the grader's own user is the learner's, level ``none``): folders made 0000 or 0500,
+    the scratch folder itself included, are still removed."""
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="tdd-test-"))  # pytest's tmp_path is not reachable by another user
+    os.chmod(tmp_path, 0o755)
+    root = tmp_path / "scratch"
+    _touch(root / "locked" / "inner" / "f")
+    _touch(root / "readonly" / "g")
+    for dirpath, dirnames, filenames in os.walk(tmp_path):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), 4242, 4242)
+    os.chmod(tmp_path, 0o777)
+    os.chmod(root / "locked", 0)
+    os.chmod(root / "readonly", 0o500)
+    os.chmod(root, 0)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover — the child
+        code = 1
+        try:
+            os.setgid(4242)
+            os.setuid(4242)
+            sandbox.remove_tree(root)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    try:
+        assert os.waitstatus_to_exitcode(status) == 0 and not root.exists()
+    finally:
+        sandbox.remove_tree(tmp_path)
+
+
+@pytest.mark.parametrize("chapter", registry.CHAPTERS, ids=registry.ids())
+def test_hidden_paths_every_checks_module_and_the_answers_not_yet_due(chapter):
+    """Read in the sandbox, a file can reach the reason column, so the learner's feedback: every chapter's
+    checks (hidden cases) and the answers of this chapter and the later ones are hidden; earlier answers
+    (which the notebook imports) are not."""
+    hidden = {str(p) for p in sandbox.hidden_paths(chapter)}
+    for other in registry.CHAPTERS:
+        assert other.checks_file() in hidden, other.checks
+        for f in other.answer_files():
+            assert (f in hidden) == (other.number >= chapter.number), (other.id, f)
+
+
+# --- processes left behind: killed after every request, however they move ---------------------------
+
+
+def _live_in_session(session: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != session:
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] not in (b"Z", b"X") and fields[3] == str(session).encode():
+                found.append(int(entry))
+    return found
+
+
+def test_reap_without_a_sandbox_kills_a_sleeper_and_a_process_that_keeps_moving():
+    """Level ``none`` (the self-check, and grading without bubblewrap): after a request nothing the
+    learner's code started is left in the runner's session: neither a sleeping child nor a process
+    that forks and exits over and over (its pid changes faster than one pass of "list, then kill")."""
+    runner = sandbox.Runner(sandbox.Limits(cell_seconds=60), level="none", unprivileged=False)
+    runner.start()
+    try:
+        cell = ("import os, time\n"
+                "if os.fork() == 0:\n    time.sleep(600)\n    os._exit(0)\n"
+                "if os.fork() == 0:\n    for _ in range(10**7):\n        if os.fork():\n            os._exit(0)\n"
+                "    os._exit(0)\n"
+                "time.sleep(0.5)\n")
+        assert runner.request({"op": "cell", "source": cell}, 60)["ok"] is True
+        time.sleep(1)
+        assert _live_in_session(runner.proc.pid) == []
+        assert runner.request({"op": "cell", "source": "x = 1"}, 60)["ok"] is True  # the runner itself lives on
+    finally:
+        runner.close()
+
+
+def test_kernel_that_cannot_start_is_started_once_and_every_exercise_says_why(monkeypatch):
+    """A memory limit no kernel can work in: one start, not a retry loop until the notebook's deadline;
+    every exercise gets the same `crashed` row with the reason, within the time of that one start."""
+    from autograder import verdict
+
+    starts = []
+    real_start = sandbox.Runner.start
+
+    def counting_start(self):
+        starts.append(time.monotonic())
+        return real_start(self)
+
+    monkeypatch.setattr(sandbox.Runner, "start", counting_start)
+    data = (registry.COURSE_DIR / CH1.id / NB).read_bytes()
+    limits = sandbox.Limits(memory_bytes=2**30, notebook_seconds=600)
+    started = time.monotonic()
+    rows = verdict.grade_notebook(data, CH1, limits=limits, isolation="none")
+    seconds = time.monotonic() - started
+    assert len(starts) == 1, f"the kernel was started {len(starts)} times"
+    assert [r["exercise"] for r in rows] == [ex.name for ex in CH1.exercises]
+    assert {r["status"] for r in rows} == {"crashed"} and all("could not start" in r["reason"] for r in rows)
+    assert seconds < limits.start_seconds, f"{seconds:.0f} s"
+
+
+# --- a notebook that kills its grading worker: retried once, then an error row; the batch ends ------
+
+
+def test_grade_job_a_grader_failure_is_that_notebooks_error_rows_and_not_cached(tmp_path, monkeypatch):
+    from autograder import grade, verdict
+
+    root = tmp_path / "subs"
+    _touch(root / "alice" / NB, (registry.COURSE_DIR / CH1.id / NB).read_bytes())
+
+    def broken(*args, **kwargs):
+        raise RecursionError("deep")
+
+    monkeypatch.setattr(verdict, "grade_notebook", broken)
+    cfg = grade.Settings(root=root, out=tmp_path / "out" / "grades.csv", state=tmp_path / "state", jobs=1,
+                         chapters=None, gradebook=None, limits=sandbox.Limits(), hide=(), max_bytes=10**7,
+                         regrade=False, course_dir=registry.COURSE_DIR)
+    (tmp_path / "state").mkdir()
+    _, jobs, _ = grade.work_list(cfg)
+    res = grade.grade_job(jobs[0], cfg)
+    assert [r["exercise"] for r in res["rows"]] == [ex.name for ex in CH1.exercises]
+    assert {r["status"] for r in res["rows"]} == {"error"} and res["retry"] is True
+    assert "the grader failed on this notebook (RecursionError)" in res["rows"][0]["reason"]
+    assert list((tmp_path / "state").iterdir()) == []  # graded again next run
+
+
+class KillsTheWorker:
+    """A path that ends the worker process that turns it into a Path (as a grader crash would)."""
+
+    def __fspath__(self):
+        os._exit(3)
+
+
+@pytest.mark.slow
+def test_run_jobs_ends_when_every_notebook_kills_its_worker(tmp_path):
+    from autograder import grade
+
+    root = tmp_path / "subs"
+    jobs = []
+    for student in ("a", "b", "c"):
+        _touch(root / student / NB)
+        jobs.append(grade.Job(student, f"{student}/{NB}", f"{student}/{NB}".encode(), CH1.id, "0" * 64,
+                              str(tmp_path / f"{student}.json")))
+    cfg = grade.Settings(root=root, out=tmp_path / "out" / "grades.csv", state=tmp_path / "state", jobs=2,
+                         chapters=None, gradebook=None, limits=sandbox.Limits(), hide=(KillsTheWorker(),),
+                         max_bytes=10**6, regrade=False, course_dir=tmp_path / "course")
+    pools = []
+    real_pool = grade.cf.ProcessPoolExecutor
+
+    def counting_pool(*args, **kwargs):
+        pools.append(1)
+        assert len(pools) <= 6, "the pool is restarted again and again: a notebook that kills its worker " \
+                                "must be retried once, then get an error row"
+        return real_pool(*args, **kwargs)
+
+    results = []
+    grade.cf.ProcessPoolExecutor = counting_pool
+    try:
+        grade.run_jobs(jobs, cfg, results.append)
+    finally:
+        grade.cf.ProcessPoolExecutor = real_pool
+    assert sorted(r["student"] for r in results) == ["a", "b", "c"]
+    for r in results:
+        assert {row["status"] for row in r["rows"]} == {"error"} and r["retry"] is True
+        assert all("died twice" in row["reason"] for row in r["rows"])
 
 
 # --- the grader's command line on wrong input ------------------------------------------------------

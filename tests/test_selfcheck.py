@@ -71,3 +71,22 @@ def test_selfcheck_reports_a_syntax_error_with_its_cell_and_line(tmp_path):
     assert all(line.startswith("✓") for line in verdicts.values()), verdicts
     lost = redteam.CH1_POINTS["attention_scores"] + redteam.CH1_POINTS["scaled_dot_product_attention"]
     assert f"visible score: {TOTAL - lost}/{TOTAL}" in done.stdout
+
+
+def test_selfcheck_a_failure_of_the_checker_itself_is_one_line(tmp_path, monkeypatch, capsys):
+    """A notebook that breaks the checker (as a grader crash would) gives one error line and exit 1, never a
+    traceback."""
+    import argparse
+
+    from autograder import selfcheck
+
+    def broken(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded \x1b[2J")
+
+    monkeypatch.setattr(selfcheck.verdict, "grade_notebook", broken)
+    path = tmp_path / f"{redteam.CH1}.ipynb"
+    nbformat.write(redteam.release(redteam.CH1), path)
+    assert selfcheck.run(argparse.Namespace(notebook=path, timeout=10.0)) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: the self-check failed on this notebook (RecursionError)")
+    assert "\x1b" not in err

@@ -63,14 +63,6 @@ def _diagnose(actual: Any, mistakes: list[tuple[str, torch.Tensor]], atol: float
             fail(hint)
 
 
-def _expect_error(outputs: dict, what: str, error: str = "ValueError") -> None:
-    got = outputs.get("error")
-    if got is None:
-        fail(f"{what} must raise {error}, but your code returned a result: never index garbage, fail fast")
-    if got.get("type") != error:
-        fail(f"{what} must raise {error}; your code raised {got.get('type')}: {got.get('message')}")
-
-
 def _no_error(outputs: dict) -> None:
     got = outputs.get("error")
     if got is not None:
