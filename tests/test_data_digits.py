@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import zipfile
 
 import numpy as np
 import pytest
@@ -102,5 +103,10 @@ def test_load_npz_rejects_missing_and_unreadable_files(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
         load_npz(tmp_path / "absent.npz")
     (tmp_path / "text.npz").write_text("not numpy")
-    with pytest.raises(ValueError, match="not a readable .npz"):
+    with pytest.raises(ValueError, match=r"not an \.npz archive; save one with np\.savez"):
         load_npz(tmp_path / "text.npz")
+    with zipfile.ZipFile(tmp_path / "damaged.npz", "w") as archive:  # a zip whose members are not arrays
+        archive.writestr("images.npy", b"not an array")
+        archive.writestr("labels.npy", b"not an array")
+    with pytest.raises(ValueError, match="not a readable .npz file"):
+        load_npz(tmp_path / "damaged.npz")

@@ -88,9 +88,15 @@ def load_npz(
         )
     try:
         images, labels = archive["images"], archive["labels"]
-    except ValueError:  # object arrays: loading them would unpickle code from the file
-        raise ValueError(f"--data {path}: 'images' and 'labels' must be numeric arrays, not object arrays "
-                         "(those need pickle, which is never loaded from --data)") from None
+    except ValueError as err:
+        if "pickle" in str(err):  # object arrays: loading them would unpickle code from the file
+            raise ValueError(f"--data {path}: 'images' and 'labels' must be numeric arrays, not object arrays "
+                             "(those need pickle, which is never loaded from --data)") from None
+        raise ValueError(f"--data {path}: not a readable .npz file ({err})") from None
+    except Exception as err:  # a damaged member: bad zip data, truncated array
+        raise ValueError(f"--data {path}: not a readable .npz file ({err})") from None
+    if not (isinstance(images, np.ndarray) and isinstance(labels, np.ndarray)):  # members np.save did not write
+        raise ValueError(f"--data {path}: not a readable .npz file ('images' or 'labels' is not an .npy array)")
     if images.ndim == 3:
         images = images[:, None]
     if images.ndim != 4:
