@@ -185,15 +185,34 @@ def test_plan_costs_balance_a_heavy_chapter(tmp_path, capsys):
     assert sorted(len(plan_.of_shard(i)) for i in range(2)) == [3, 3]
 
 
-def test_checks_digest_follows_the_sources_not_their_place(tmp_path, monkeypatch):
-    mine = plan.checks_digest()
-    copy = tmp_path / "autograder"
-    shutil.copytree(plan.PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__", "source"))
-    monkeypatch.setattr(plan, "PACKAGE_DIR", copy)
-    assert plan.checks_digest() == mine  # the same sources installed elsewhere
-    checks = sorted((copy / "checks").glob("*.py"))[0]
-    checks.write_bytes(checks.read_bytes() + b"\n# edited\n")
-    assert plan.checks_digest() != mine
+def _grader_copy(tmp_path: Path) -> Path:
+    """The autograder package and the released notebooks, copied elsewhere as another image would hold them."""
+    shutil.copytree(plan.PACKAGE_DIR, tmp_path / "autograder", ignore=shutil.ignore_patterns("__pycache__", "source"))
+    for notebook in (REPO / "course").glob("[0-9][0-9]_*/*.ipynb"):
+        shutil.copy(notebook, _mkdirs(tmp_path / "course" / notebook.relative_to(REPO / "course")))
+    return tmp_path / "autograder"
+
+
+def test_sources_digest_follows_the_sources_not_their_place(tmp_path, monkeypatch):
+    mine = plan.sources_digest()
+    monkeypatch.setattr(plan, "PACKAGE_DIR", _grader_copy(tmp_path))
+    assert plan.sources_digest() == mine  # the same sources installed elsewhere
+
+
+@pytest.mark.parametrize("edited", [
+    "autograder/checks/attention.py",  # a check
+    "autograder/verdict.py",  # judging
+    "autograder/runner.py",
+    "autograder/sandbox.py",
+    "autograder/wire.py",
+    f"course/{CH1.id}/{CH1.notebook}",  # the release: its unchanged test cells are skipped
+])
+def test_sources_digest_changes_with_every_file_that_decides_a_verdict(tmp_path, monkeypatch, edited):
+    monkeypatch.setattr(plan, "PACKAGE_DIR", _grader_copy(tmp_path))
+    before = plan.sources_digest()
+    path = tmp_path / edited
+    path.write_bytes(path.read_bytes() + b"\n")
+    assert plan.sources_digest() != before
 
 
 def test_plan_of_another_grader_is_refused_in_one_line(tmp_path, capsys):
@@ -201,7 +220,7 @@ def test_plan_of_another_grader_is_refused_in_one_line(tmp_path, capsys):
     _write(subs / "ana" / CH1.notebook)
     _make_plan(capsys, subs, tmp_path / "plan.json", 1)
     data = json.loads((tmp_path / "plan.json").read_text())
-    for field, value in (("version", "0.0.1"), ("checks", "0" * 64)):
+    for field, value in (("version", "0.0.1"), ("sources", "0" * 64)):
         changed = {**data, "grader": {**data["grader"], field: value}}
         (tmp_path / "old.json").write_text(json.dumps(changed))
         for argv in (["grade", subs, "--plan", tmp_path / "old.json", "--shard", "0/1", "--out",
