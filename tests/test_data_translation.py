@@ -161,7 +161,8 @@ def test_split_pairs_is_a_random_partition():
     assert (len(data.train), len(data.validation), len(data.test)) == (170, 10, 20)
     assert sorted(data.train + data.validation + data.test) == sorted(pairs)
     assert data.test != pairs[:20]  # shuffled
-    assert split_pairs(pairs + pairs[:5], test_fraction=0.1, validation_fraction=0.05, seed=1) == data  # repeats dropped
+    repeated = pairs + pairs[:5]
+    assert split_pairs(repeated, test_fraction=0.1, validation_fraction=0.05, seed=1) == data  # repeats dropped
     with pytest.raises(ValueError, match="at least 3 different sources"):
         split_pairs(pairs[:2] + [(["s0"], ["other"])])
     with pytest.raises(ValueError, match="test_fraction"):
