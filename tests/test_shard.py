@@ -478,10 +478,10 @@ def _run(*argv, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
                           text=True, env={**os.environ, **(env or {})}, **kw)
 
 
-def _shard_cmd(course: Path, index_dir: str, shards: int) -> list[str]:
+def _shard_cmd(course: Path, index_dir: str, shards: int, jobs: int = 1) -> list[str]:
     return [sys.executable, "-m", "autograder", "grade", str(course / "submitted"), "--plan",
             str(course / "grading" / "plan.json"), "--shard", f"auto/{shards}", "--out",
-            str(course / "grading" / index_dir / "grades.csv"), "--jobs", "1", "--cell-timeout", "30"]
+            str(course / "grading" / index_dir / "grades.csv"), "--jobs", str(jobs), "--cell-timeout", "30"]
 
 
 @pytest.fixture(scope="module")
@@ -535,8 +535,11 @@ def sharded(tmp_path_factory):
     merged = _run("merge", *[course / "grading" / f"shard-{i}" for i in range(3)], "--plan",
                   course / "grading" / "plan.json", "--out", course / "grading" / "grades.csv",
                   "--gradebook", f"sqlite:///{course / 'gradebook.db'}")
+    # the largest shard once more, from scratch in a folder of its own, with two notebooks graded at a time
+    two_jobs = subprocess.run(_shard_cmd(course, f"shard-{victim}-jobs-2", 3, jobs=2), cwd=REPO, capture_output=True,
+                              text=True, timeout=1800, env={**os.environ, "JOB_COMPLETION_INDEX": str(victim)})
     return {"tmp": tmp, "course": course, "plan": plan_, "before": before, "unsharded": unsharded,
-            "victim": victim, "killed": killed, "shards": shards, "merged": merged}
+            "victim": victim, "killed": killed, "shards": shards, "merged": merged, "two_jobs": two_jobs}
 
 
 def _six(path: Path) -> list[tuple]:
@@ -567,6 +570,19 @@ def test_sharded_shard_killed_with_sigkill_and_rerun_completes(sharded):
     assert code == 0, err[-3000:]
     assert f"({len(sharded['killed']['state'])} already graded)" in err
     assert (sharded["course"] / "grading" / f"shard-{victim}" / f"shard-{victim}-of-3.json").exists()
+
+
+@graded_for_real
+def test_sharded_shard_with_two_jobs_gives_the_rows_of_one_job(sharded):
+    victim, grading = sharded["victim"], sharded["course"] / "grading"
+    done = sharded["two_jobs"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    planned = len(sharded["plan"].of_shard(victim))
+    assert f"grading {planned} notebook(s) with 2 job(s)" in done.stderr  # all of them, two at a time
+    one, two = grading / f"shard-{victim}" / "grades.csv", grading / f"shard-{victim}-jobs-2" / "grades.csv"
+    assert _six(two) == _six(one) and len({r[1] for r in _six(two)}) == planned
+    unfailed = [r for r in record.read_csv(two) if r["status"] != status.FAILED]
+    assert unfailed == [r for r in record.read_csv(one) if r["status"] != status.FAILED]  # same reasons too
 
 
 @graded_for_real
