@@ -10,9 +10,10 @@ Indexed Job, a Slurm array) are the ones universities already have; see ``deploy
 
 The plan file is JSON:
 
-* ``grader``: the grader's version and a digest of the sources that decide verdicts (the
-  checks package, the registry and the chapters' reference modules): a shard or a merge
-  run by another version refuses the plan in one line;
+* ``grader``: the grader's version and a digest of the sources that decide verdicts (every
+  module of the ``autograder`` package and of its checks, the chapters' reference modules,
+  the released notebooks): a shard or a merge run by another grader refuses the plan in
+  one line;
 * ``entries``: one per notebook to grade — student, printable path, the path's raw bytes
   in base64 (any name the file system allows survives), chapter, sha256, expected cost and
   shard; shards are balanced by expected cost (longest first onto the least loaded);
@@ -87,19 +88,24 @@ def _module_file(module: str) -> Path | None:
     return Path(spec.origin) if spec is not None and spec.origin else None
 
 
-def checks_digest() -> str:
-    """sha256 over the sources that decide a verdict: ``autograder/checks/*.py``, the registry, the references.
+def sources_digest() -> str:
+    """sha256 over everything that decides a verdict: every ``autograder/*.py`` and ``autograder/checks/*.py``
+    (checks, judging, runner, sandbox, registry), the chapters' reference modules and the released notebooks
+    ``course/NN_*/*.ipynb`` (their unchanged test cells are skipped).
 
-    Files are named by module, not by path, so the same sources installed anywhere give
-    the same digest.
+    Files are named by module or by path below the course, not by where they are, so the same
+    sources installed anywhere give the same digest; two grader images that differ in any of
+    them refuse each other's plans.
     """
-    files = {f"autograder.checks.{p.stem}": p for p in (PACKAGE_DIR / "checks").glob("*.py")}
-    files["autograder.registry"] = PACKAGE_DIR / "registry.py"
+    files = {f"autograder.{p.stem}": p for p in PACKAGE_DIR.glob("*.py")}
+    files |= {f"autograder.checks.{p.stem}": p for p in (PACKAGE_DIR / "checks").glob("*.py")}
     for chapter in registry.CHAPTERS:
         for module in chapter.answers:
             path = _module_file(module)
             if path is not None:
                 files[module] = path
+    course = PACKAGE_DIR.parent / "course"
+    files |= {f"course/{p.relative_to(course).as_posix()}": p for p in course.glob("[0-9][0-9]_*/*.ipynb")}
     digest = hashlib.sha256()
     for name in sorted(files):
         data = files[name].read_bytes()
@@ -109,7 +115,7 @@ def checks_digest() -> str:
 
 
 def identity() -> dict:
-    return {"version": grader_version(), "checks": checks_digest()}
+    return {"version": grader_version(), "sources": sources_digest()}
 
 
 # --- balance -------------------------------------------------------------------------------
@@ -167,9 +173,9 @@ def load(path: Path, *, check_grader: bool = True) -> Plan:
     if check_grader:
         mine, theirs = identity(), raw.get("grader") or {}
         if theirs != mine:
-            raise BadPlan(f"--plan {path} was made by grader {theirs.get('version')} with checks "
-                          f"{str(theirs.get('checks'))[:12]}; this is grader {mine['version']} with checks "
-                          f"{mine['checks'][:12]}: make a new plan with this grader")
+            raise BadPlan(f"--plan {path} was made by grader {theirs.get('version')} with sources "
+                          f"{str(theirs.get('sources'))[:12]}; this is grader {mine['version']} with sources "
+                          f"{mine['sources'][:12]}: make a new plan with this grader")
     try:
         shards = int(raw["shards"])
         entries = tuple(Entry(key=e["key"], student=e["student"], submission=e["submission"],

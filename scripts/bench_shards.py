@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/bench_shards.py [--per-chapter 6] [--jobs 1] [--learners 10000] [--deadline-hours 1]
 
-For every chapter of the registry, --per-chapter submissions (solved, untouched and half-solved in
+For every chapter of the registry (all of them: chapters differ in cost, so the shard count must
+come from the mean over every chapter a class submits), --per-chapter submissions (solved, untouched and half-solved in
 turn, from tests/redteam/build.py) are planned as one shard and graded by
 ``grade --plan --shard 0/1 --jobs J`` in a subprocess, exactly as a Kubernetes pod or a Slurm task
 runs it. Printed per chapter: wall seconds per notebook, CPU core-seconds per notebook (user + sys
@@ -137,7 +138,8 @@ def main() -> None:
     parser.add_argument("--per-chapter", type=int, default=6, help="submissions per chapter (default 6)")
     parser.add_argument("--jobs", type=int, default=1, help="--jobs of the shard (default 1)")
     parser.add_argument("--learners", type=int, default=10_000)
-    parser.add_argument("--chapters", type=int, default=6, help="chapters each learner submits (default 6)")
+    parser.add_argument("--chapters", type=int, default=len(registry.CHAPTERS),
+                        help=f"chapters each learner submits (default: all {len(registry.CHAPTERS)} of the registry)")
     parser.add_argument("--deadline-hours", type=float, default=1.0)
     parser.add_argument("--cores-per-shard", type=int, default=2)
     parser.add_argument("--gradebook-results", type=int, default=200, help="results recorded to time the gradebook")
@@ -171,7 +173,8 @@ def main() -> None:
     notebooks = args.learners * args.chapters
     core_hours = notebooks * cost / 3600
     shards = math.ceil(notebooks * cost / (args.cores_per_shard * args.deadline_hours * 3600 * USE_OF_DEADLINE))
-    print(f"mean cost: {cost:.2f} CPU core-s per notebook (wall with --jobs {args.jobs}: "
+    print(f"mean cost over the {len(per_nb_cpu)} chapters {registry.CHAPTERS[0].id} … {registry.CHAPTERS[-1].id}: "
+          f"{cost:.2f} CPU core-s per notebook (wall with --jobs {args.jobs}: "
           f"{statistics.mean(per_nb_wall) * args.jobs:.2f} core-s); {args.learners} learners x {args.chapters} "
           f"chapters = {notebooks} notebooks = {core_hours:.1f} core-hours")
     print(f"shards of {args.cores_per_shard} cores (--jobs {args.cores_per_shard}) to finish in "

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from solutions.data.translation import (
     MAX_NUMBER, Vocab, english, german, german_word, load_numbers, load_tsv, number_splits, pad_batch, split_pairs,
+    split_text_pairs,
 )
 
 # Written German number words, checked by hand against a dictionary.
@@ -158,7 +161,27 @@ def test_split_pairs_is_a_random_partition():
     assert (len(data.train), len(data.validation), len(data.test)) == (170, 10, 20)
     assert sorted(data.train + data.validation + data.test) == sorted(pairs)
     assert data.test != pairs[:20]  # shuffled
-    with pytest.raises(ValueError, match="at least 3 pairs"):
-        split_pairs(pairs[:2])
+    repeated = pairs + pairs[:5]
+    assert split_pairs(repeated, test_fraction=0.1, validation_fraction=0.05, seed=1) == data  # repeats dropped
+    with pytest.raises(ValueError, match="at least 3 different sources"):
+        split_pairs(pairs[:2] + [(["s0"], ["other"])])
     with pytest.raises(ValueError, match="test_fraction"):
         split_pairs(pairs, test_fraction=1.5)
+
+
+def test_split_text_pairs_holds_out_distinct_sources_and_reports_duplicates():
+    distinct = [(f"s{i}", f"t{i}") for i in range(100)] + [("s5", "other"), ("s7", "another")]
+    pairs = distinct + distinct[:30]  # 30 repeated lines
+    random.Random(0).shuffle(pairs)
+    splits = split_text_pairs(pairs, test_fraction=0.2, seed=3, source="p.tsv")
+    assert splits.duplicates == 30
+    assert sorted(splits.train + splits.test) == sorted(distinct)  # each distinct pair once
+    test_sources = {s for s, _ in splits.test}
+    assert len(test_sources) == 20 and not test_sources & {s for s, _ in splits.train}
+    for source in ("s5", "s7"):  # a source with two targets keeps both in one split
+        assert sum(s == source for s, _ in splits.test) in (0, 2)
+    assert splits.description.startswith(
+        "p.tsv: 132 lines, 30 duplicates dropped; 102 distinct pairs with 100 distinct sources (2 with more than one "
+        "target, kept in one split), split at random by source (seed 3) into ")
+    assert splits.description.endswith(" test pairs; no test source occurs in training")
+    assert split_text_pairs(pairs, test_fraction=0.2, seed=3, source="p.tsv") == splits  # deterministic

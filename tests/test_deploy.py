@@ -173,6 +173,24 @@ def test_slurm_submit_dry_run_sizes_the_array_from_the_plan(fake_plan):
     assert shard_line[0] == "sbatch" and "--array=0-2" in shard_line and shard_line[-1].endswith("grade-shard.sbatch")
     assert "--partition=cpu" in shard_line and "--account=course" in merge_line
     assert any(a.startswith("--dependency=afterok:") for a in merge_line) and merge_line[-1].endswith("merge.sbatch")
+    assert "--kill-on-invalid-dep=yes" in merge_line  # a failed shard cancels the merge, not pending for ever
+
+
+def test_slurm_submit_gives_the_merge_the_array_job_and_cancels_it_on_failure(fake_plan):
+    """The real submission path, with an sbatch that records its arguments and answers as --parsable does."""
+    bin_dir = fake_plan / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text('#!/bin/bash\necho "$*" >> "$SBATCH_LOG"\necho "4242;cluster"\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    done = subprocess.run(["bash", str(SLURM / "submit.sh")], capture_output=True, text=True, cwd=REPO,
+                          env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable,
+                               "SUBMISSIONS": "s", "PLAN": str(fake_plan / "plan.json"), "RESULTS": "r",
+                               "SBATCH_LOG": str(fake_plan / "sbatch.log")})
+    assert done.returncode == 0, done.stderr
+    shard_call, merge_call = [line.split() for line in (fake_plan / "sbatch.log").read_text().splitlines()]
+    assert "--array=0-2" in shard_call and shard_call[-1].endswith("grade-shard.sbatch")
+    assert {"--kill-on-invalid-dep=yes", "--dependency=afterok:4242"} <= set(merge_call)
+    assert merge_call[-1].endswith("merge.sbatch") and "merge: job 4242" in done.stdout
 
 
 @pytest.mark.slow

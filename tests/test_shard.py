@@ -185,15 +185,34 @@ def test_plan_costs_balance_a_heavy_chapter(tmp_path, capsys):
     assert sorted(len(plan_.of_shard(i)) for i in range(2)) == [3, 3]
 
 
-def test_checks_digest_follows_the_sources_not_their_place(tmp_path, monkeypatch):
-    mine = plan.checks_digest()
-    copy = tmp_path / "autograder"
-    shutil.copytree(plan.PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__", "source"))
-    monkeypatch.setattr(plan, "PACKAGE_DIR", copy)
-    assert plan.checks_digest() == mine  # the same sources installed elsewhere
-    checks = sorted((copy / "checks").glob("*.py"))[0]
-    checks.write_bytes(checks.read_bytes() + b"\n# edited\n")
-    assert plan.checks_digest() != mine
+def _grader_copy(tmp_path: Path) -> Path:
+    """The autograder package and the released notebooks, copied elsewhere as another image would hold them."""
+    shutil.copytree(plan.PACKAGE_DIR, tmp_path / "autograder", ignore=shutil.ignore_patterns("__pycache__", "source"))
+    for notebook in (REPO / "course").glob("[0-9][0-9]_*/*.ipynb"):
+        shutil.copy(notebook, _mkdirs(tmp_path / "course" / notebook.relative_to(REPO / "course")))
+    return tmp_path / "autograder"
+
+
+def test_sources_digest_follows_the_sources_not_their_place(tmp_path, monkeypatch):
+    mine = plan.sources_digest()
+    monkeypatch.setattr(plan, "PACKAGE_DIR", _grader_copy(tmp_path))
+    assert plan.sources_digest() == mine  # the same sources installed elsewhere
+
+
+@pytest.mark.parametrize("edited", [
+    "autograder/checks/attention.py",  # a check
+    "autograder/verdict.py",  # judging
+    "autograder/runner.py",
+    "autograder/sandbox.py",
+    "autograder/wire.py",
+    f"course/{CH1.id}/{CH1.notebook}",  # the release: its unchanged test cells are skipped
+])
+def test_sources_digest_changes_with_every_file_that_decides_a_verdict(tmp_path, monkeypatch, edited):
+    monkeypatch.setattr(plan, "PACKAGE_DIR", _grader_copy(tmp_path))
+    before = plan.sources_digest()
+    path = tmp_path / edited
+    path.write_bytes(path.read_bytes() + b"\n")
+    assert plan.sources_digest() != before
 
 
 def test_plan_of_another_grader_is_refused_in_one_line(tmp_path, capsys):
@@ -201,7 +220,7 @@ def test_plan_of_another_grader_is_refused_in_one_line(tmp_path, capsys):
     _write(subs / "ana" / CH1.notebook)
     _make_plan(capsys, subs, tmp_path / "plan.json", 1)
     data = json.loads((tmp_path / "plan.json").read_text())
-    for field, value in (("version", "0.0.1"), ("checks", "0" * 64)):
+    for field, value in (("version", "0.0.1"), ("sources", "0" * 64)):
         changed = {**data, "grader": {**data["grader"], field: value}}
         (tmp_path / "old.json").write_text(json.dumps(changed))
         for argv in (["grade", subs, "--plan", tmp_path / "old.json", "--shard", "0/1", "--out",
@@ -459,10 +478,10 @@ def _run(*argv, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
                           text=True, env={**os.environ, **(env or {})}, **kw)
 
 
-def _shard_cmd(course: Path, index_dir: str, shards: int) -> list[str]:
+def _shard_cmd(course: Path, index_dir: str, shards: int, jobs: int = 1) -> list[str]:
     return [sys.executable, "-m", "autograder", "grade", str(course / "submitted"), "--plan",
             str(course / "grading" / "plan.json"), "--shard", f"auto/{shards}", "--out",
-            str(course / "grading" / index_dir / "grades.csv"), "--jobs", "1", "--cell-timeout", "30"]
+            str(course / "grading" / index_dir / "grades.csv"), "--jobs", str(jobs), "--cell-timeout", "30"]
 
 
 @pytest.fixture(scope="module")
@@ -516,8 +535,11 @@ def sharded(tmp_path_factory):
     merged = _run("merge", *[course / "grading" / f"shard-{i}" for i in range(3)], "--plan",
                   course / "grading" / "plan.json", "--out", course / "grading" / "grades.csv",
                   "--gradebook", f"sqlite:///{course / 'gradebook.db'}")
+    # the largest shard once more, from scratch in a folder of its own, with two notebooks graded at a time
+    two_jobs = subprocess.run(_shard_cmd(course, f"shard-{victim}-jobs-2", 3, jobs=2), cwd=REPO, capture_output=True,
+                              text=True, timeout=1800, env={**os.environ, "JOB_COMPLETION_INDEX": str(victim)})
     return {"tmp": tmp, "course": course, "plan": plan_, "before": before, "unsharded": unsharded,
-            "victim": victim, "killed": killed, "shards": shards, "merged": merged}
+            "victim": victim, "killed": killed, "shards": shards, "merged": merged, "two_jobs": two_jobs}
 
 
 def _six(path: Path) -> list[tuple]:
@@ -548,6 +570,19 @@ def test_sharded_shard_killed_with_sigkill_and_rerun_completes(sharded):
     assert code == 0, err[-3000:]
     assert f"({len(sharded['killed']['state'])} already graded)" in err
     assert (sharded["course"] / "grading" / f"shard-{victim}" / f"shard-{victim}-of-3.json").exists()
+
+
+@graded_for_real
+def test_sharded_shard_with_two_jobs_gives_the_rows_of_one_job(sharded):
+    victim, grading = sharded["victim"], sharded["course"] / "grading"
+    done = sharded["two_jobs"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    planned = len(sharded["plan"].of_shard(victim))
+    assert f"grading {planned} notebook(s) with 2 job(s)" in done.stderr  # all of them, two at a time
+    one, two = grading / f"shard-{victim}" / "grades.csv", grading / f"shard-{victim}-jobs-2" / "grades.csv"
+    assert _six(two) == _six(one) and len({r[1] for r in _six(two)}) == planned
+    unfailed = [r for r in record.read_csv(two) if r["status"] != status.FAILED]
+    assert unfailed == [r for r in record.read_csv(one) if r["status"] != status.FAILED]  # same reasons too
 
 
 @graded_for_real

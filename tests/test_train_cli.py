@@ -22,7 +22,7 @@ def console_script() -> str:
 
 
 def test_tdd_train_exits_0_on_success_and_writes_metrics(tmp_path):
-    (tmp_path / "pairs.tsv").write_text("".join(f"a{i % 7}\tb{i % 7}\n" for i in range(40)), encoding="utf-8")
+    (tmp_path / "pairs.tsv").write_text("".join(f"a{i}\tb{i % 7}\n" for i in range(40)), encoding="utf-8")
     result = subprocess.run(
         [console_script(), "translate", "--data", str(tmp_path / "pairs.tsv"), "--steps", "2", "--d-model", "16",
          "--d-ff", "16", "--n-layers", "1", "--quiet", "--metrics-json", str(tmp_path / "m.json")],

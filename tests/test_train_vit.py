@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +20,8 @@ from solutions.checkpoint import load_checkpoint
 from solutions.data.digits import load_image_folder
 from solutions.trainers.vit import SmallCNN, build_model, evaluate, parameter_groups, random_shift, warmup_cosine
 from solutions.vit import VisionTransformer
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -111,11 +117,44 @@ def test_load_image_folder_resizes_and_keeps_grey_as_one_channel(tmp_path):
     assert load_image_folder(tmp_path, image_size=9)[0][0].shape[1] == 3  # one colour image: all RGB
 
 
+def test_load_image_folder_decodes_one_full_size_photo_at_a_time(tmp_path):
+    """Ten 3000×3000 photos (36 MB each once decoded): the loader's peak memory grows by about one photo, not ten."""
+    grey = Image.linear_gradient("L").resize((3000, 3000))
+    photo = Image.merge("RGB", (grey, grey.transpose(Image.Transpose.ROTATE_90), grey.point(lambda v: 255 - v)))
+    photo.save(tmp_path / "photo.png", compress_level=1)
+    photo.save(tmp_path / "photo.jpg", quality=90)
+    for name in ("a", "b"):
+        (tmp_path / "photos" / name).mkdir(parents=True)
+        for i in range(5):
+            suffix = ".jpg" if i % 2 else ".png"
+            shutil.copy(tmp_path / f"photo{suffix}", tmp_path / "photos" / name / f"{i}{suffix}")
+    probe = ("import resource, sys\n"
+             "from solutions.data.digits import load_image_folder\n"
+             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+             "(train_x, _), (test_x, _), _ = load_image_folder(sys.argv[1], image_size=32)\n"
+             "grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before\n"
+             "print(grown * 1024, len(train_x) + len(test_x), tuple(train_x.shape[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "photos")], capture_output=True, text=True,
+                          timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    grown, n, shape = done.stdout.split(maxsplit=2)
+    assert (int(n), shape.strip()) == (10, "(3, 32, 32)")
+    one_photo = 3000 * 3000 * 4  # Pillow keeps RGB as 4 bytes per pixel
+    assert int(grown) < 3 * one_photo, f"peak memory grew by {int(grown) / 2**20:.0f} MB while loading"
+
+
+def write_cut_png(path) -> None:
+    """A PNG cut in half, as an interrupted copy leaves it: its header reads, its pixels do not."""
+    Image.effect_noise((64, 64), 64).save(path)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda root: (root / "only").mkdir(), r"found 1 class folder \['only'\]; a classifier needs at least 2"),
     (lambda root: [(root / c).mkdir() for c in "ab"], r"the class folder 'a' has no images"),
     (lambda root: (root / "a" / "notes.txt").write_text("hi"), r"a/notes.txt is not an image file"),
     (lambda root: (root / "a" / "broken.png").write_bytes(b"not a png"), r"a/broken.png cannot be read as an image"),
+    (lambda root: write_cut_png(root / "a" / "cut.png"), r"a/cut.png cannot be read as an image"),
 ])
 def test_train_vit_bad_image_folder_is_one_error_line(vit_only, tmp_path, capsys, make, message):
     root = tmp_path / "photos"

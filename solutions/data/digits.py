@@ -144,15 +144,32 @@ def _class_files(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     return classes, files
 
 
-def _read_image(path: Path, root: Path) -> Image.Image:
+def _image_size(path: Path, root: Path) -> tuple[int, int]:
+    """(width, height) of an image file, read from its header: nothing is decoded yet."""
     where = f"--data {root}: {path.relative_to(root)}"
     if path.suffix.lower() not in IMAGE_EXTENSIONS:
         raise ValueError(f"{where} is not an image file (suffix {path.suffix or 'none'!r}, expected one of "
                          f"{', '.join(IMAGE_EXTENSIONS)}); move it out of the class folders")
     try:
         with Image.open(path) as image:
-            return image.convert("RGB")
+            return image.size
     except (UnidentifiedImageError, OSError) as err:
+        raise ValueError(f"{where} cannot be read as an image ({type(err).__name__}); fix or remove it") from None
+
+
+def _read_resized(path: Path, root: Path, side: int) -> np.ndarray:
+    """One image as (side, side, 3) uint8 RGB: decoded, centre-cropped and resized, the full size dropped at once.
+
+    A JPEG is decoded straight at 1/2, 1/4 or 1/8 scale when that still covers ``side``
+    (``draft``), so a folder of 12-megapixel photos never holds more than one decoded photo.
+    """
+    try:
+        with Image.open(path) as image:
+            image.draft("RGB", (side, side))
+            rgb = image if image.mode == "RGB" else image.convert("RGB")
+            return np.asarray(ImageOps.fit(rgb, (side, side), Image.Resampling.BILINEAR))
+    except (UnidentifiedImageError, OSError) as err:
+        where = f"--data {root}: {path.relative_to(root)}"
         raise ValueError(f"{where} cannot be read as an image ({type(err).__name__}); fix or remove it") from None
 
 
@@ -169,7 +186,8 @@ def load_image_folder(
     """Images in torchvision's ImageFolder layout (``root/<class>/<image>``), as float tensors in [0, 1].
 
     Any size and mode: each image is centre-cropped to a square and resized to
-    ``image_size`` (default: :func:`default_image_size`). One channel when every
+    ``image_size`` (default: :func:`default_image_size`) as soon as it is decoded, so
+    only the small arrays are kept. One channel when every
     image is grey, else three (RGB). Class ids follow the sorted folder names.
     Returns ((train_images, train_labels), (test_images, test_labels), class_names),
     the test split being a stratified ``test_fraction`` of each class.
@@ -180,9 +198,9 @@ def load_image_folder(
     if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
         raise ValueError(f"--image-size must be a positive int; got {image_size!r}")
     classes, files = _class_files(root)
-    images = [_read_image(path, root) for path, _ in files]
-    side = image_size or default_image_size([image.size for image in images])
-    pixels = np.stack([np.asarray(ImageOps.fit(image, (side, side), Image.Resampling.BILINEAR)) for image in images])
+    sizes = [_image_size(path, root) for path, _ in files]  # headers only: checks every file before decoding
+    side = image_size or default_image_size(sizes)
+    pixels = np.stack([_read_resized(path, root, side) for path, _ in files])
     grey = bool((pixels == pixels[..., :1]).all())
     pixels = pixels[..., :1] if grey else pixels  # (N, side, side, 1 or 3)
     labels = np.array([label for _, label in files], dtype=np.int64)

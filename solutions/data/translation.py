@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import gzip
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Hashable, Iterable, Sequence
 
 import torch
 from jaxtyping import Int
@@ -293,30 +294,44 @@ def load_tsv(path: str | Path) -> list[Pair]:
     return [(source.split(), target.split()) for source, target in read_tsv(path)]
 
 
-def split_indices(
-    n: int, test_fraction: float = 0.1, validation_fraction: float = 0.05, seed: int = 0
+def split_by_source(
+    sources: Sequence[Hashable], test_fraction: float = 0.1, validation_fraction: float = 0.05, seed: int = 0
 ) -> tuple[list[int], list[int], list[int]]:
-    """A random partition of ``range(n)`` into (train, validation, test) indices, deterministic given ``seed``."""
+    """Indices of the pairs in (train, validation, test), split at random by *distinct source*.
+
+    Every pair of one source goes to the same split, so a held-out source is never seen in
+    training, not even with another target. The fractions count distinct sources.
+    Deterministic given ``seed``.
+    """
     if not 0 < test_fraction < 1 or not 0 <= validation_fraction < 1 or test_fraction + validation_fraction >= 1:
         raise ValueError(
             f"test_fraction={test_fraction} and validation_fraction={validation_fraction} must be fractions "
             "in (0, 1) and [0, 1) that sum to less than 1"
         )
-    if n < 3:
-        raise ValueError(f"need at least 3 pairs to make train and test splits; got {n}")
-    order = list(range(n))
+    groups: dict[Hashable, list[int]] = {}
+    for index, source in enumerate(sources):
+        groups.setdefault(source, []).append(index)
+    keys = list(groups)
+    if len(keys) < 3:
+        raise ValueError(f"need at least 3 different sources to make train and test splits; got {len(keys)}: "
+                         "add more pairs")
+    order = list(range(len(keys)))
     random.Random(seed).shuffle(order)
-    n_test = max(1, round(test_fraction * n))
-    n_validation = round(validation_fraction * n)
-    return order[n_test + n_validation :], order[n_test : n_test + n_validation], order[:n_test]
+    n_test = max(1, round(test_fraction * len(keys)))
+    n_validation = round(validation_fraction * len(keys))
+    parts = order[n_test + n_validation :], order[n_test : n_test + n_validation], order[:n_test]
+    train, validation, test = ([i for k in part for i in groups[keys[k]]] for part in parts)
+    return train, validation, test
 
 
 def split_pairs(
     pairs: Sequence[Pair], test_fraction: float = 0.1, validation_fraction: float = 0.05, seed: int = 0
 ) -> TranslationData:
-    """A random held-out split of your own pairs, vocabularies from the training part."""
-    train_ids, validation_ids, test_ids = split_indices(len(pairs), test_fraction, validation_fraction, seed)
-    train, validation, test = ([pairs[i] for i in ids] for ids in (train_ids, validation_ids, test_ids))
+    """A random held-out split of your own token pairs by distinct source (duplicates dropped), vocabularies
+    from the training part."""
+    unique = list({(tuple(s), tuple(t)): (list(s), list(t)) for s, t in pairs}.values())
+    ids = split_by_source([tuple(s) for s, _ in unique], test_fraction, validation_fraction, seed)
+    train, validation, test = ([unique[i] for i in part] for part in ids)
     return TranslationData(
         train, validation, test,
         src_vocab=Vocab.build(s for s, _ in train),
@@ -326,33 +341,53 @@ def split_pairs(
 
 @dataclass(frozen=True)
 class TextSplits:
-    """Text pairs per split: the tokenizers are trained on ``train`` only; ``test`` is never trained on."""
+    """Text pairs per split: the tokenizers are trained on ``train`` only; ``test`` is never trained on.
+
+    There is no validation split: nothing is tuned on held-out pairs, and the reported
+    metrics are the test split's.
+    """
 
     train: list[TextPair]
-    validation: list[TextPair]
     test: list[TextPair]
     description: str  # where the pairs come from and how they were split, for the run's output
+    duplicates: int = 0  # lines dropped because the same (source, target) pair came earlier
 
 
 def split_text_pairs(
-    pairs: Sequence[TextPair], test_fraction: float = 0.1, validation_fraction: float = 0.05, seed: int = 0,
-    source: str = "your pairs",
+    pairs: Sequence[TextPair], test_fraction: float = 0.1, seed: int = 0, source: str = "your pairs"
 ) -> TextSplits:
-    """A random held-out split of text pairs (the same partition :func:`split_pairs` makes)."""
-    train_ids, validation_ids, test_ids = split_indices(len(pairs), test_fraction, validation_fraction, seed)
-    train, validation, test = ([pairs[i] for i in ids] for ids in (train_ids, validation_ids, test_ids))
-    description = (f"{source}: {len(pairs)} pairs, randomly split (seed {seed}) into {len(train)} train / "
-                   f"{len(validation)} validation / {len(test)} test; the test pairs are never trained on")
-    return TextSplits(train, validation, test, description)
+    """Your text pairs, each distinct pair once, split at random by distinct source into train and test.
+
+    A repeated line would otherwise land in both splits and be scored as held out; a
+    source written with two targets keeps both in one split. The same partition as
+    :func:`split_pairs` with ``validation_fraction=0``.
+    """
+    unique = list(dict.fromkeys(pairs))
+    train_ids, _, test_ids = split_by_source([s for s, _ in unique], test_fraction, 0.0, seed)
+    train, test = [unique[i] for i in train_ids], [unique[i] for i in test_ids]
+    duplicates = len(pairs) - len(unique)
+    targets_per_source = Counter(s for s, _ in unique)
+    several = sum(n > 1 for n in targets_per_source.values())
+    description = (
+        f"{source}: {len(pairs)} lines, {duplicates} duplicate{'' if duplicates == 1 else 's'} dropped; "
+        f"{len(unique)} distinct pairs with {len(targets_per_source)} distinct sources"
+        + (f" ({several} with more than one target, kept in one split)" if several else "")
+        + f", split at random by source (seed {seed}) into {len(train)} train / {len(test)} test pairs; "
+        "no test source occurs in training"
+    )
+    return TextSplits(train, test, description, duplicates)
 
 
 def number_text_splits(
     n_train: int = 20_000, n_validation: int = 500, n_test: int = 1000, seed: int = 0
 ) -> TextSplits:
-    """The embedded number data set as text pairs, tokens joined by single spaces (``"forty - two"``)."""
+    """The embedded number data set as text pairs, tokens joined by single spaces (``"forty - two"``).
+
+    The ``n_validation`` numbers are drawn (so the test numbers stay those of :func:`load_numbers`) but
+    not returned: the trainer tunes nothing on them.
+    """
     data = load_numbers(n_train, n_validation, n_test, seed)
-    train, validation, test = ([(" ".join(s), " ".join(t)) for s, t in split] for split in
-                               (data.train, data.validation, data.test))
-    description = (f"the embedded English → German numbers: {len(train)} train / {len(validation)} validation / "
-                   f"{len(test)} test; the test numbers never occur in training")
-    return TextSplits(train, validation, test, description)
+    train, test = ([(" ".join(s), " ".join(t)) for s, t in split] for split in (data.train, data.test))
+    description = (f"the embedded English → German numbers: {len(train)} train / {len(test)} test; "
+                   "the test numbers never occur in training")
+    return TextSplits(train, test, description)

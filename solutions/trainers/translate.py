@@ -4,9 +4,12 @@ Adam (β = 0.9, 0.98, ε = 1e-9) with the Noam schedule, label smoothing 0.1,
 gradient clipping at 1.0, teacher forcing; then greedy decoding of the held-out
 test pairs, scored by exact match, corpus BLEU and chrF (sacrebleu, signatures
 printed). With ``--data FILE`` it trains on your ``source<TAB>target`` file
-instead: 10% of the lines, drawn at random, are held out for the test and never
-trained on, and the tokenizer (BPE by default, one vocabulary shared by source
-and target as in the paper) is learnt from the training lines only.
+instead: duplicate lines are dropped, 10% of the distinct sources (with all
+their targets), drawn at random, are held out for the test and never trained
+on, and the tokenizer (BPE by default, one vocabulary shared by source and
+target as in the paper) is learnt from the training pairs only. There is no
+validation split: nothing is tuned on held-out data, and the printed metrics
+are the test split's.
 
 Same names as the other trainers: ``KIND``, ``add_arguments``, ``build_model``,
 ``evaluate``, ``run``. Use a saved run with :mod:`solutions.translate`.
@@ -37,9 +40,10 @@ PREDICTIONS_FILE = "test_predictions.tsv"  # source, reference, prediction of ev
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
-        "--data FILE: a UTF-8 text file (or .gz) with one 'source<TAB>target' pair per line. 10% of the lines, "
-        "drawn at random (--seed), are held out for the test and never trained on; the tokenizer is learnt from "
-        "the training lines only. With --out DIR the run saves DIR/model.pt (model, config, tokenizers, metrics) "
+        "--data FILE: a UTF-8 text file (or .gz) with one 'source<TAB>target' pair per line. Duplicate lines are "
+        "dropped; 10% of the distinct sources, with all their targets, drawn at random (--seed), are held out for "
+        "the test and never trained on, and the metrics printed are the test's; the tokenizer is learnt from "
+        "the training pairs only. With --out DIR the run saves DIR/model.pt (model, config, tokenizers, metrics) "
         f"and DIR/{PREDICTIONS_FILE}; translate more text with `python -m solutions.translate DIR`."
     )
     t = parser.add_argument_group("tokens")
@@ -89,7 +93,8 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def load_splits(args: argparse.Namespace) -> TextSplits:
-    """Your ``--data`` pairs split at random, or the embedded numbers (held-out numbers never in training)."""
+    """Your ``--data`` pairs, deduplicated and split at random by source, or the embedded numbers (held-out numbers
+    never in training)."""
     if args.data is not None:
         return split_text_pairs(read_tsv(args.data), seed=args.seed, source=str(args.data))
     return number_text_splits(n_train=args.train_size, seed=args.seed)
@@ -203,7 +208,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.out is not None:
         data = {"source": str(args.data) if args.data is not None else "embedded numbers", "tokenizer": kind,
                 "description": splits.description, "seed": args.seed, "train_pairs": len(splits.train),
-                "validation_pairs": len(splits.validation), "test_pairs": len(splits.test)}
+                "test_pairs": len(splits.test), "duplicates_dropped": splits.duplicates}
         path = save_checkpoint(args.out, kind=KIND, config=config, model=model, metrics=metrics, data=data,
                                vocab={"source": src_tok.to_dict(), "target": tgt_tok.to_dict()})
         Path(args.out, PREDICTIONS_FILE).write_text(
