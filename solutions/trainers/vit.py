@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from solutions.checkpoint import save_checkpoint
+from solutions.cnn import SmallCNN, parameter_groups, random_shift, warmup_cosine
 from solutions.data.digits import FOLDER_LAYOUT, load_digits, load_image_folder, load_npz, load_torchvision
 from solutions.vit import VisionTransformer
 
@@ -77,24 +78,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cnn-channels", type=int, default=32, help="CNN baseline width (default: 32)")
 
 
-class SmallCNN(nn.Module):
-    """The baseline: three 3×3 convolutions (locality and weight sharing built in), one pooling, a linear head."""
-
-    def __init__(self, in_channels: int, n_classes: int, channels: int = 32) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(in_channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
-            nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.BatchNorm2d(2 * channels), nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(2 * channels, 2 * channels, 3, padding=1), nn.BatchNorm2d(2 * channels), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        )
-        self.head = nn.Linear(2 * channels, n_classes)
-
-    def forward(self, images: Tensor) -> Tensor:
-        return self.head(self.features(images))
-
-
 def default_patch_size(image_size: int) -> int:
     if image_size <= 16 and image_size % 2 == 0:
         return 2
@@ -129,33 +112,6 @@ def resize(
 ) -> Float[Tensor, "batch channels side side"]:
     """Bilinear resize (antialiased when shrinking) to ``side`` × ``side``."""
     return F.interpolate(images, size=(side, side), mode="bilinear", antialias=True, align_corners=False)
-
-
-def random_shift(images: Tensor, generator: torch.Generator, max_shift: int = 1) -> Tensor:
-    """Shift each image by up to ``max_shift`` pixels in each direction, filling with zeros."""
-    batch, _, height, width = images.shape
-    padded = F.pad(images, (max_shift,) * 4)
-    dy, dx = torch.randint(0, 2 * max_shift + 1, (2, batch, 1), generator=generator)
-    rows = (dy + torch.arange(height))[:, :, None]  # (batch, height, 1)
-    cols = (dx + torch.arange(width))[:, None, :]  # (batch, 1, width)
-    shifted = padded[torch.arange(batch)[:, None, None], :, rows, cols]  # (batch, height, width, channels)
-    return shifted.permute(0, 3, 1, 2).contiguous()
-
-
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Decay weight matrices and kernels; not biases, norms, [CLS] or position embeddings."""
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        skip = param.dim() < 2 or "position_embedding" in name or "cls_token" in name
-        (no_decay if skip else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def warmup_cosine(step: int, warmup: int, total: int) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 @torch.inference_mode()
