@@ -69,31 +69,41 @@ def _no_error(outputs: dict) -> None:
         fail(f"your code raised {got.get('type')}: {got.get('message')}")
 
 
-def _bad_inputs(function: str, *choices: tuple[tuple, dict, str]):
-    """One of ``choices`` ((args, kwargs, the argument the ValueError must name)), drawn from ``gen``;
-    a tensor argument is given as a shape and drawn too."""
+def _bad_inputs(function: str, *rules: tuple[str, tuple, dict, str]):
+    """Every rule of ``rules`` in turn, one call each: (the rule in words, args, kwargs, the argument the
+    ValueError must name); a tensor argument is given as a shape and drawn from ``gen``."""
 
     def inputs(gen: torch.Generator) -> dict:
-        args, kwargs, argument = choices[_randint(gen, 0, len(choices) - 1)]
-        args = tuple(torch.randn(*a, generator=gen) if isinstance(a, list) else a for a in args)
-        shown = ", ".join([f"x of shape {tuple(a.shape)}" if isinstance(a, torch.Tensor) else repr(a) for a in args]
-                          + [f"{k}={v!r}" for k, v in kwargs.items()])
-        return {"args": args, "kwargs": kwargs, "argument": argument, "call": f"{function}({shown})"}
+        calls, expected = [], []
+        for rule, args, kwargs, argument in rules:
+            args = tuple(torch.randn(*a, generator=gen) if isinstance(a, list) else a for a in args)
+            shown = ", ".join([f"x of shape {tuple(a.shape)}" if isinstance(a, torch.Tensor) else repr(a) for a in args]
+                              + [f"{k}={v!r}" for k, v in kwargs.items()])
+            calls.append((args, kwargs))
+            expected.append({"rule": rule, "argument": argument, "call": f"{function}({shown})"})
+        return {"calls": calls, "expected": expected}
 
     return inputs
 
 
 def _judge_value_error(inputs: dict, outputs: dict) -> None:
     """The call must raise ValueError, and its message must name ``inputs["argument"]``."""
-    call, argument, got = inputs["call"], inputs["argument"], outputs.get("error")
+    call, argument, rule, got = inputs["call"], inputs["argument"], inputs["rule"], outputs.get("error")
     if got is None:
-        fail(f"{call} must raise ValueError naming {argument}, but your code returned a result: check the "
-             "argument first and say what to pass instead")
+        fail(f"{call} must raise ValueError naming {argument} ({rule}), but your code returned a result: check "
+             "the argument first and say what to pass instead")
     if got.get("type") != "ValueError":
-        fail(f"{call} must raise ValueError naming {argument}; your code raised {got.get('type')}: "
+        fail(f"{call} must raise ValueError naming {argument} ({rule}); your code raised {got.get('type')}: "
              f"{got.get('message')}")
     if argument not in got.get("message", ""):
-        fail(f"{call}: your ValueError should name {argument} and say what to pass; it said {got.get('message')!r}")
+        fail(f"{call}: your ValueError should name {argument} ({rule}) and say what to pass; it said "
+             f"{got.get('message')!r}")
+
+
+def _judge_value_errors(inputs: dict, outputs: dict) -> None:
+    """Every call of :func:`_bad_inputs` must raise its ValueError; the first that does not decides the hint."""
+    for expected, result in zip(inputs["expected"], outputs["results"], strict=True):
+        _judge_value_error(expected, result)
 
 
 # --- sinusoidal_encoding ---
@@ -216,17 +226,21 @@ def _judge_learned(inputs: dict, outputs: dict) -> None:
     expect_close(out, expected, "the output must be x + embedding(positions start_pos … start_pos + seq - 1)")
 
 
-def _learned_bad_inputs(gen: torch.Generator) -> dict:
-    """x that is not (batch, seq, d_model), or a negative start_pos: ValueError naming x / start_pos."""
-    max_len, d_model = _randint(gen, 8, 16), _randint(gen, 2, 6)
-    weight = torch.randn(max_len, d_model, generator=gen)
-    if _randint(gen, 0, 1):
-        x, start_pos, argument = torch.randn(3, d_model, generator=gen), 0, "x"
-    else:
-        x, start_pos, argument = torch.randn(1, 3, d_model, generator=gen), -_randint(gen, 1, 3), "start_pos"
-    return {"init_args": (max_len, d_model), "state": {"embedding.weight": weight}, "args": (x,),
-            "kwargs": {"start_pos": start_pos}, "argument": argument,
-            "call": f"forward(x of shape {tuple(x.shape)}, start_pos={start_pos})"}
+def _learned_bad_inputs(rule: str, argument: str, *, shape: Any = lambda d_model: (1, 3, d_model),
+                        start_pos: int | float | str = 0):
+    """A forward call that breaks one rule: x of ``shape(d_model)`` at ``start_pos`` ("negative": drawn below 0);
+    the ValueError must name ``argument``."""
+
+    def inputs(gen: torch.Generator) -> dict:
+        max_len, d_model = _randint(gen, 8, 16), _randint(gen, 2, 6)
+        weight = torch.randn(max_len, d_model, generator=gen)
+        x = torch.randn(*shape(d_model), generator=gen)
+        start = -_randint(gen, 1, 3) if start_pos == "negative" else start_pos
+        return {"init_args": (max_len, d_model), "state": {"embedding.weight": weight}, "args": (x,),
+                "kwargs": {"start_pos": start}, "argument": argument, "rule": rule,
+                "call": f"forward(x of shape {tuple(x.shape)}, start_pos={start!r}) with d_model={d_model}"}
+
+    return inputs
 
 
 def _judge_learned_past(inputs: dict, outputs: dict) -> None:
@@ -442,17 +456,20 @@ CHECKS: dict[str, Check] = {
             Case("matches the formula", _sinusoid_inputs((4, 12), (4, 16)), "call", _judge_sinusoid),
             Case("odd d_model: the last column is a sine", _sinusoid_inputs((3, 10), (4, 12), odd=True), "call",
                  _judge_sinusoid),
-            Case("a negative seq_len or d_model < 1 raises ValueError",
-                 _bad_inputs("sinusoidal_encoding", ((-3, 8), {}, "seq_len"), ((5, 0), {}, "d_model")),
-                 "call_or_error", _judge_value_error),
+            Case("seq_len not a non-negative int, or d_model < 1, raises ValueError (each rule in turn)",
+                 _bad_inputs("sinusoidal_encoding", ("seq_len is negative", (-3, 8), {}, "seq_len"),
+                             ("seq_len is not an int", (2.5, 4), {}, "seq_len"),
+                             ("d_model is below 1", (5, 0), {}, "d_model")),
+                 "call_each", _judge_value_errors),
         ),
         hidden=(
             Case("long sequences", _sinusoid_inputs((200, 400), (32, 64)), "call", _judge_sinusoid),
             Case("PE(p + k) is a rotation of PE(p)", _sinusoid_shift_inputs, "call", _judge_sinusoid_shift),
-            Case("more bad arguments raise ValueError",
-                 _bad_inputs("sinusoidal_encoding", ((-1, 4), {}, "seq_len"), ((4, -2), {}, "d_model"),
-                             ((2.5, 4), {}, "seq_len")),
-                 "call_or_error", _judge_value_error),
+            Case("other bad arguments raise ValueError",
+                 _bad_inputs("sinusoidal_encoding", ("seq_len is negative", (-1, 4), {}, "seq_len"),
+                             ("seq_len is not an int", (4.0, 6), {}, "seq_len"),
+                             ("d_model is below 1", (4, -2), {}, "d_model")),
+                 "call_each", _judge_value_errors),
         ),
     ),
     "LearnedPositionalEmbedding": Check(
@@ -462,11 +479,30 @@ CHECKS: dict[str, Check] = {
             Case("start_pos > 0", _learned_inputs("inside"), _LEARNED, _judge_learned),
             Case("ending exactly at max_len is allowed", _learned_inputs("edge"), _LEARNED, _judge_learned),
             Case("past max_len raises ValueError", _learned_inputs("past"), _LEARNED, _judge_learned_past),
-            Case("x not (batch, seq, d_model), or start_pos < 0, raises ValueError", _learned_bad_inputs, _LEARNED,
+            Case("a 2-D x raises ValueError naming x",
+                 _learned_bad_inputs("x is not (batch, seq, d_model)", "x", shape=lambda d: (3, d)), _LEARNED,
+                 _judge_value_error),
+            Case("x whose last size is not d_model raises ValueError naming x",
+                 _learned_bad_inputs("x is not (batch, seq, d_model)", "x", shape=lambda d: (2, 3, 1)), _LEARNED,
+                 _judge_value_error),
+            Case("a negative start_pos raises ValueError naming start_pos",
+                 _learned_bad_inputs("start_pos is negative", "start_pos", start_pos="negative"), _LEARNED,
+                 _judge_value_error),
+            Case("a start_pos that is not an int raises ValueError naming start_pos",
+                 _learned_bad_inputs("start_pos is not an int", "start_pos", start_pos=1.5), _LEARNED,
                  _judge_value_error),
         ),
         hidden=(
             Case("start_pos > 0, larger batch", _learned_inputs("inside", batch_max=6), _LEARNED, _judge_learned),
+            Case("a 4-D x raises ValueError naming x",
+                 _learned_bad_inputs("x is not (batch, seq, d_model)", "x", shape=lambda d: (1, 1, 3, d)), _LEARNED,
+                 _judge_value_error),
+            Case("x one wider than d_model raises ValueError naming x",
+                 _learned_bad_inputs("x is not (batch, seq, d_model)", "x", shape=lambda d: (1, 2, d + 1)),
+                 _LEARNED, _judge_value_error),
+            Case("a float start_pos raises ValueError naming start_pos",
+                 _learned_bad_inputs("start_pos is not an int", "start_pos", start_pos=2.0), _LEARNED,
+                 _judge_value_error),
         ),
     ),
     "apply_rope": Check(
@@ -476,12 +512,20 @@ CHECKS: dict[str, Check] = {
             Case("start_pos > 0", _rope_inputs(start=True), "call", _judge_rope),
             Case("another base", _rope_inputs(start=True, base=True), "call", _judge_rope),
             Case("score depends only on m - n", _rope_relative_inputs, "rope_scores", _judge_rope_relative),
-            Case("odd d_head, x not 4-D, or start_pos < 0 raises ValueError",
-                 _bad_inputs("apply_rope", (([1, 2, 3, 5],), {}, "d_head"), (([2, 3, 4],), {}, "x"),
-                             (([1, 1, 3, 4],), {"start_pos": -1}, "start_pos")),
-                 "call_or_error", _judge_value_error),
+            Case("x not 4-D, odd d_head, or start_pos not a non-negative int raises ValueError (each rule in turn)",
+                 _bad_inputs("apply_rope", ("x is not 4-D", ([2, 3, 4],), {}, "x"),
+                             ("d_head is odd", ([1, 2, 3, 5],), {}, "d_head"),
+                             ("start_pos is negative", ([1, 1, 3, 4],), {"start_pos": -1}, "start_pos"),
+                             ("start_pos is not an int", ([1, 1, 3, 4],), {"start_pos": 1.5}, "start_pos")),
+                 "call_each", _judge_value_errors),
         ),
         hidden=(
+            Case("other bad arguments raise ValueError",
+                 _bad_inputs("apply_rope", ("x is not 4-D", ([1, 2, 1, 3, 4],), {}, "x"),
+                             ("d_head is odd", ([2, 1, 4, 7],), {}, "d_head"),
+                             ("start_pos is negative", ([1, 2, 2, 6],), {"start_pos": -5}, "start_pos"),
+                             ("start_pos is not an int", ([1, 1, 2, 4],), {"start_pos": 2.0}, "start_pos")),
+                 "call_each", _judge_value_errors),
             Case("float64, long sequences", _rope_inputs(start=True, dtype=torch.float64, long=True), "call",
                  _judge_rope),
         ),
@@ -508,11 +552,17 @@ CHECKS: dict[str, Check] = {
             Case("8 heads: 1/2, 1/4, …, 1/256", _slopes_inputs((8,)), "call", _judge_slopes),
             Case("powers of two", _slopes_inputs((1, 2, 4, 16, 32)), "call", _judge_slopes),
             Case("6 heads, not a power of two", _slopes_inputs((6,)), "call", _judge_slopes),
-            Case("n_heads < 1 raises ValueError", _bad_inputs("alibi_slopes", ((0,), {}, "n_heads"),
-                                                               ((-4,), {}, "n_heads")),
-                 "call_or_error", _judge_value_error),
+            Case("n_heads not a positive int raises ValueError (0, negative, not an int)",
+                 _bad_inputs("alibi_slopes", ("n_heads is 0", (0,), {}, "n_heads"),
+                             ("n_heads is negative", (-4,), {}, "n_heads"),
+                             ("n_heads is not an int", (2.5,), {}, "n_heads")),
+                 "call_each", _judge_value_errors),
         ),
         hidden=(
+            Case("other head counts that are not positive ints raise ValueError",
+                 _bad_inputs("alibi_slopes", ("n_heads is negative", (-1,), {}, "n_heads"),
+                             ("n_heads is not an int", (4.0,), {}, "n_heads")),
+                 "call_each", _judge_value_errors),
             Case("head counts that are not powers of two", _slopes_inputs((3, 5, 7, 12, 20, 24, 28)), "call",
                  _judge_slopes),
             Case("more non-powers of two", _slopes_inputs((9, 10, 11, 13, 14, 15, 17, 30)), "call", _judge_slopes),
@@ -525,11 +575,18 @@ CHECKS: dict[str, Check] = {
             Case("seq_q < seq_k: end-aligned", _bias_inputs(square=False), "call", _judge_bias),
             Case("head counts that are not powers of two", _bias_inputs(square=True, power_of_two=False), "call",
                  _judge_bias),
-            Case("seq_q or seq_k < 1 raises ValueError", _bad_inputs("alibi_bias", ((4, 0, 3), {}, "seq_q"),
-                                                                      ((4, 2, 0), {}, "seq_k")),
-                 "call_or_error", _judge_value_error),
+            Case("seq_q or seq_k not a positive int raises ValueError (each rule in turn)",
+                 _bad_inputs("alibi_bias", ("seq_q is below 1", (4, 0, 3), {}, "seq_q"),
+                             ("seq_k is below 1", (4, 2, 0), {}, "seq_k"),
+                             ("seq_q is not an int", (4, 1.5, 3), {}, "seq_q"),
+                             ("seq_k is not an int", (2, 2, 3.0), {}, "seq_k")),
+                 "call_each", _judge_value_errors),
         ),
         hidden=(
+            Case("negative sizes raise ValueError",
+                 _bad_inputs("alibi_bias", ("seq_q is below 1", (2, -2, 4), {}, "seq_q"),
+                             ("seq_k is below 1", (8, 1, -1), {}, "seq_k")),
+                 "call_each", _judge_value_errors),
             Case("end-aligned, any head count", _bias_inputs(square=False, power_of_two=False), "call", _judge_bias),
         ),
     ),
