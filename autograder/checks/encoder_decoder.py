@@ -45,12 +45,15 @@ def _same(actual: Any, expected: Tensor, atol: float = 1e-5) -> bool:
 
 
 def _expect_value_error(error: dict | None, arguments: tuple[str, ...], what: str) -> None:
+    """``what`` must be refused with a ValueError naming one of ``arguments`` (any ValueError when there are none:
+    the exercise's text does not ask for a name)."""
     names = " or ".join(arguments)
+    ask = f"raise a ValueError that names {names}" if arguments else "raise a ValueError that says what to change"
     if error is None:
-        fail(f"{what}, but your code went on: raise a ValueError that names {names}")
+        fail(f"{what}, but your code went on: {ask}")
     if error["type"] != "ValueError":
-        fail(f"{what}: raise a ValueError (you raised {error['type']}: {error['message']})")
-    if not any(name in error["message"] for name in arguments):
+        fail(f"{what}: {ask} (you raised {error['type']}: {error['message']})")
+    if arguments and not any(name in error["message"] for name in arguments):
         fail(f"{what}: your ValueError should name {names} and say what to change; it said {error['message']!r}")
 
 
@@ -137,14 +140,31 @@ def _judge_tf(inputs: dict, outputs: dict) -> None:
     fail("decoder_input must be BOS + tokens and labels tokens + EOS, both right-padded with pad_id to width + 1")
 
 
-def _tf_left_padded_inputs(gen: torch.Generator) -> dict:
-    tgt = torch.randint(3, 30, (2, 4), generator=gen)
-    tgt[1, 0] = 0  # a pad before real tokens
-    return {"args": (tgt, 1, 2, 0)}
+def _tf_bad_inputs(gen: torch.Generator, *, other: bool = False) -> dict:
+    """One call per ValueError rule of the exercise's text, each breaking that rule only (``other``: other ids
+    and other ways to break them)."""
+    bos, eos, pad = _special_ids(gen, not other)
+    allowed = torch.tensor([i for i in range(40) if i not in (bos, eos, pad)])
+    tgt = allowed[torch.randint(len(allowed), (2, 4), generator=gen)]
+    tgt[1, 3] = pad  # a right-padded row: allowed
+    left_padded, special = tgt.clone(), tgt.clone()
+    left_padded[0, 1] = pad
+    special[0, 2] = eos if other else bos
+    rules = [
+        ("tgt is not 2-D", tgt[None] if other else tgt[0], (bos, eos, pad)),
+        ("tgt holds floats, not token ids", tgt.double() if other else tgt.float(), (bos, eos, pad)),
+        ("the three ids are not different", tgt, (bos, eos, eos) if other else (bos, bos, pad)),
+        ("tgt already contains BOS or EOS", special, (bos, eos, pad)),
+        ("a row is not right-padded (a real token after a pad_id)", left_padded, (bos, eos, pad)),
+    ]
+    return {"calls": [((t, *ids), {}) for _, t, ids in rules], "rules": [rule for rule, _, _ in rules]}
 
 
-def _tf_same_ids_inputs(gen: torch.Generator) -> dict:
-    return {"args": (torch.randint(3, 30, (2, 4), generator=gen), 1, 1, 0)}
+def _judge_tf_bad(inputs: dict, outputs: dict) -> None:
+    for rule, ((tgt, bos, eos, pad), _), result in zip(inputs["rules"], inputs["calls"], outputs["results"],
+                                                       strict=True):
+        _expect_value_error(result["error"], (), f"teacher_forcing(tgt of shape {tuple(tgt.shape)} and dtype "
+                            f"{tgt.dtype}, bos_id={bos}, eos_id={eos}, pad_id={pad}): {rule}")
 
 
 # --- DecoderLayer --------------------------------------------------------------------------------
@@ -439,15 +459,28 @@ def _judge_noam(inputs: dict, outputs: dict) -> None:
              "step · warmup^-1.5) (for d_model 512 and warmup 4000 the peak is about 7.0e-4)")
 
 
-def _noam_bad_inputs(gen: torch.Generator) -> dict:
-    return {"calls": [((-_int(gen, 1, 5), 512, 4000), {}), ((10, 0, 4000), {}), ((10, 512, 0), {})]}
+def _noam_bad_inputs(gen: torch.Generator, *, other: bool = False) -> dict:
+    """One call per ValueError rule: a step that is not a non-negative int, then what the given _check_noam_args
+    refuses (``other``: other values)."""
+    rules = [
+        ("step is negative", (-_int(gen, 1, 5), 512, 4000), {}, "step"),
+        ("step is not an int", (7.0 if other else 2.5, 512, 4000), {}, "step"),
+        ("d_model is not a positive int", (10, -8 if other else 0, 4000), {}, "d_model"),
+        ("warmup is not a positive int", (10, 512, -1 if other else 0), {}, "warmup"),
+        ("factor is not positive", (10, 512, 4000), {"factor": -1.0 if other else 0.0}, "factor"),
+    ]
+    return {"calls": [(args, kwargs) for _, args, kwargs, _ in rules],
+            "rules": [(rule, argument) for rule, _, _, argument in rules]}
 
 
 def _judge_noam_bad(inputs: dict, outputs: dict) -> None:
-    names = ("step", "d_model", "warmup")
-    for ((step, d_model, warmup), _), result, name in zip(inputs["calls"], outputs["results"], names):
-        _expect_value_error(result["error"], (name,), f"noam_lr({step}, d_model={d_model}, warmup={warmup}) has a "
-                            f"{name} that is not allowed")
+    for (rule, argument), ((step, d_model, warmup), kwargs), result in zip(inputs["rules"], inputs["calls"],
+                                                                          outputs["results"], strict=True):
+        factor = kwargs.get("factor", 1.0)
+        what = f"noam_lr({step!r}, d_model={d_model}, warmup={warmup}, factor={factor}): {rule}"
+        if argument != "step":
+            what += " (call the given _check_noam_args(d_model, warmup, factor) first)"
+        _expect_value_error(result["error"], (argument,), what)
 
 
 # --- noam_scheduler -------------------------------------------------------------------------------
@@ -611,16 +644,33 @@ def _judge_ls_grad(inputs: dict, outputs: dict) -> None:
     expect_close(grad, leaf.grad, "the gradient with respect to the logits differs from F.cross_entropy's", atol=1e-5)
 
 
-def _ls_bad_inputs(gen: torch.Generator) -> dict:
+def _ls_bad_inputs(gen: torch.Generator, *, other: bool = False) -> dict:
+    """One call per ValueError rule of the exercise's text, each breaking that rule only (``other``: other
+    values)."""
     logits = torch.randn(2, 3, 5, generator=gen)
-    target = torch.randint(0, 5, (2, 3), generator=gen)
-    return {"calls": [((logits, target), {"epsilon": 1.5}), ((logits, target[:, :2]), {"epsilon": 0.1})]}
+    target = torch.randint(1, 5, (2, 3), generator=gen)
+    outside = target.clone()
+    outside[1, 1] = -2 if other else 5
+    ignore = {"ignore_index": 0} if other else {}
+    rules = [
+        ("epsilon is above 1", (logits, target), {"epsilon": 2.0 if other else 1.5}, ("epsilon",)),
+        ("epsilon is negative", (logits, target), {"epsilon": -0.5 if other else -0.1}, ("epsilon",)),
+        ("logits and target do not fit", (logits, target[:, :2] if other else target[None]), {}, ("logits", "target")),
+        ("target holds floats, not class ids", (logits, target.double() if other else target.float()), {},
+         ("target",)),
+        ("a target id is outside the vocabulary", (logits, outside), ignore, ("target",)),
+    ]
+    return {"calls": [(args, kwargs) for _, args, kwargs, _ in rules],
+            "rules": [(rule, names) for rule, _, _, names in rules]}
 
 
 def _judge_ls_bad(inputs: dict, outputs: dict) -> None:
-    first, second = outputs["results"]
-    _expect_value_error(first["error"], ("epsilon",), "epsilon=1.5 is not a probability")
-    _expect_value_error(second["error"], ("logits", "target"), "logits (2, 3, 5) do not fit a target of shape (2, 2)")
+    for (rule, names), ((logits, target), kwargs), result in zip(inputs["rules"], inputs["calls"],
+                                                                 outputs["results"], strict=True):
+        shown = ", ".join(f"{k}={v}" for k, v in kwargs.items())
+        _expect_value_error(result["error"], names, f"label_smoothed_cross_entropy(logits of shape "
+                            f"{tuple(logits.shape)}, target of shape {tuple(target.shape)} and dtype {target.dtype}"
+                            f"{', ' + shown if shown else ''}): {rule}")
 
 
 # --- decoding with a lookup model -----------------------------------------------------------------
@@ -980,16 +1030,15 @@ CHECKS: dict[str, Check] = {
         visible=(
             Case("labels are the decoder input shifted left by one (padded rows of different lengths)",
                  lambda g: _tf_inputs(g, default_ids=False), "call", _judge_tf),
+            Case("each stated ValueError rule in turn (tgt's shape and dtype, the ids, BOS/EOS in tgt, right "
+                 "padding)", _tf_bad_inputs, "call_each", _judge_tf_bad),
         ),
         hidden=(
             Case("the data set's ids (bos 1, eos 2, pad 0)", _tf_inputs, "call", _judge_tf),
             Case("a row without tokens", lambda g: _tf_inputs(g, default_ids=False, empty_row=True), "call", _judge_tf),
             Case("no padding at all", lambda g: _tf_inputs(g, no_padding=True), "call", _judge_tf),
-            Case("a left-padded target is refused", _tf_left_padded_inputs, "call_or_error",
-                 lambda i, o: _expect_value_error(o["error"], ("tgt",), "a row has real tokens after a pad_id "
-                                                  "(tgt must be right-padded)")),
-            Case("bos_id, eos_id and pad_id must differ", _tf_same_ids_inputs, "call_or_error",
-                 lambda i, o: _expect_value_error(o["error"], ("bos_id", "eos_id"), "bos_id and eos_id are the same")),
+            Case("every ValueError rule again, other ids and other ways to break it",
+                 lambda g: _tf_bad_inputs(g, other=True), "call_each", _judge_tf_bad),
         ),
     ),
     "DecoderLayer": Check(
@@ -1026,10 +1075,12 @@ CHECKS: dict[str, Check] = {
             Case("warm-up then decay, d_model 512 and warmup 4000 (peak ≈ 7.0e-4)",
                  lambda g: _noam_inputs(g, paper=True), "call_each", _judge_noam),
             Case("other sizes and factors, step 0 included", _noam_inputs, "call_each", _judge_noam),
+            Case("each stated ValueError rule in turn (step, then the given _check_noam_args)", _noam_bad_inputs,
+                 "call_each", _judge_noam_bad),
         ),
         hidden=(
             Case("more sizes and factors", _noam_inputs, "call_each", _judge_noam),
-            Case("a negative step, d_model 0 or warmup 0 are refused", _noam_bad_inputs, "call_each",
+            Case("every ValueError rule again, other values", lambda g: _noam_bad_inputs(g, other=True), "call_each",
                  _judge_noam_bad),
         ),
     ),
@@ -1055,6 +1106,8 @@ CHECKS: dict[str, Check] = {
             Case("equals F.cross_entropy(label_smoothing=ε, ignore_index=pad) on a padded batch", _ls_inputs, "call",
                  _judge_ls),
             Case("large logits give a finite loss", lambda g: _ls_inputs(g, scale=60.0), "call", _judge_ls),
+            Case("each stated ValueError rule in turn (epsilon, the shapes, the target's dtype and ids)",
+                 _ls_bad_inputs, "call_each", _judge_ls_bad),
         ),
         hidden=(
             Case("no ignore_index", lambda g: _ls_inputs(g, ignore=False), "call", _judge_ls),
@@ -1062,7 +1115,8 @@ CHECKS: dict[str, Check] = {
             Case("epsilon 1 is the uniform target", lambda g: _ls_inputs(g, epsilon=1.0), "call", _judge_ls),
             Case("(N, vocab) logits", lambda g: _ls_inputs(g, flat=True), "call", _judge_ls),
             Case("gradient equals F.cross_entropy's", _ls_grad_inputs, "call_with_grad", _judge_ls_grad),
-            Case("bad epsilon or shapes are refused", _ls_bad_inputs, "call_each", _judge_ls_bad),
+            Case("every ValueError rule again, other values", lambda g: _ls_bad_inputs(g, other=True), "call_each",
+                 _judge_ls_bad),
         ),
         # PyTorch's own cross-entropy (label_smoothing=...) and the NLL loss under it.
         forbidden=("cross_entropy*", "nll_loss*"),
