@@ -578,6 +578,8 @@ def _ls_variant(inputs: dict, bug: str) -> Tensor:
         q = (1 - epsilon) * onehot + epsilon / (vocab - 2) * (1 - onehot)
         if pad is not None:
             q[:, pad] = 0.0
+    elif bug == "pad_column":  # ε/(V−1) on every class but the padding column
+        q = (1 - epsilon) * onehot + epsilon / (vocab - 1) * (1 - F.one_hot(torch.tensor(pad), vocab).double())
     elif bug == "twice":
         q = (1 - epsilon) * ((1 - epsilon) * onehot + epsilon / vocab) + epsilon / vocab
     elif bug == "no_smoothing":
@@ -589,6 +591,8 @@ def _ls_variant(inputs: dict, bug: str) -> Tensor:
         loss = loss + (q * q.clamp_min(1e-300).log()).sum(-1)
     if bug == "all_positions":
         return loss[keep].sum() / loss.numel()
+    if bug == "summed":
+        return loss[keep].sum()
     return loss[keep].mean()
 
 
@@ -599,6 +603,11 @@ _LS_MISTAKES = {
     "(label_smoothing=ε): q = (1−ε)·onehot + ε/V on every class, the target included",
     "annotated": "that is the Annotated Transformer's convention (ε/(V−2), nothing on the padding column). This "
     "library uses PyTorch's: q = (1−ε)·onehot + ε/V on every class",
+    "pad_column": "the padding column gets no smoothing (you spread ε/(V−1) over the other classes). This library uses "
+    "PyTorch's convention (label_smoothing=ε): q = (1−ε)·onehot + ε/V on every class, the padding column included; "
+    "ignore_index leaves out the padding positions, not the padding column",
+    "summed": "you summed the loss over the positions: return the mean over the non-ignored positions (the sum "
+    "divided by their count), or the loss and its gradients grow with the batch",
     "twice": "the smoothing is applied twice: build q = (1−ε)·onehot + ε/V once",
     "no_smoothing": "epsilon is ignored: the target distribution is q = (1−ε)·onehot + ε/V, not the one-hot",
     "kl": "you computed the KL divergence KL(q‖p) = cross-entropy − H(q): the same gradient, but the value is "
@@ -618,6 +627,8 @@ def _judge_ls(inputs: dict, outputs: dict) -> None:
     if torch.allclose(value, expected, atol=1e-5, rtol=1e-5):
         return
     for bug, message in _LS_MISTAKES.items():
+        if bug == "pad_column" and inputs["kwargs"]["ignore_index"] is None:
+            continue  # no padding column to leave out
         if torch.allclose(value, _ls_variant(inputs, bug), atol=1e-5, rtol=1e-5):
             fail(message)
     epsilon, pad = inputs["kwargs"]["epsilon"], inputs["kwargs"]["ignore_index"]

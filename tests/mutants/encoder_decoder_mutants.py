@@ -313,6 +313,26 @@ def _smoothed_mean(logits, target, epsilon, ignore_index):
     return loss[keep].sum() / keep.sum()
 
 
+def ls_pad_column_excluded(logits, target, epsilon=0.1, ignore_index=None):
+    """ε/(V−1) on every class but the padding column, which gets nothing: smoothing "over the real tokens"."""
+    logits, target, vocab = _flat(logits, target)
+    keep = torch.ones_like(target, dtype=torch.bool) if ignore_index is None else target != ignore_index
+    smoothed = torch.full_like(logits, epsilon / (vocab - 1))
+    if ignore_index is not None:
+        smoothed[:, ignore_index] = 0.0
+    smoothed.scatter_(1, target.masked_fill(~keep, 0)[:, None], 1.0 - epsilon + epsilon / (vocab - 1))
+    loss = -(smoothed * F.log_softmax(logits, dim=-1)).sum(dim=-1)
+    return loss[keep].sum() / keep.sum()
+
+
+def ls_summed(logits, target, epsilon=0.1, ignore_index=None):
+    """The sum over the non-ignored positions instead of their mean (reduction="sum")."""
+    logits, target, vocab = _flat(logits, target)
+    keep = torch.ones_like(target, dtype=torch.bool) if ignore_index is None else target != ignore_index
+    smoothed = (1.0 - epsilon) * F.one_hot(target.masked_fill(~keep, 0), vocab).to(logits.dtype) + epsilon / vocab
+    return -(smoothed * F.log_softmax(logits, dim=-1)).sum(dim=-1)[keep].sum()
+
+
 def label_smoothing_no_checks(logits, target, epsilon=0.1, ignore_index=None):
     """No argument checks: epsilon=1.5 gives a negative target weight, mismatched shapes are flattened together."""
     return _smoothed_mean(logits, target, epsilon, ignore_index)
@@ -504,6 +524,12 @@ MUTANTS: list[Mutant] = [
            "log(softmax(x)) instead of log_softmax: -inf (then inf or nan) for large logits", ls_log_of_softmax),
     Mutant("ls_smoothed_twice", "label_smoothed_cross_entropy",
            "label smoothing applied twice (a smoothed target handed to a loss that smooths again)", ls_smoothed_twice),
+    Mutant("ls_pad_column_excluded", "label_smoothed_cross_entropy",
+           "ε/(V−1) over every class but the padding column, which gets nothing: label smoothing kept off the pad "
+           "column, where this library's (PyTorch's) convention smooths every class", ls_pad_column_excluded),
+    Mutant("ls_summed", "label_smoothed_cross_entropy",
+           "the loss summed over the positions instead of averaged: it grows with the batch and the padding",
+           ls_summed),
     Mutant("label_smoothing_no_checks", "label_smoothed_cross_entropy",
            "no argument checks: epsilon=1.5 is used, logits and a target of other shapes are flattened together",
            label_smoothing_no_checks),
