@@ -17,15 +17,12 @@ from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
 ref = core.reference("solutions.positional")  # in a student edition: replayed from a recording
 
 
-# The reference, on case inputs only (recorded for the student edition).
+# The reference, and the known mistakes one edit away from it, on case inputs only. Each is a function of the
+# inputs marked @core.recorded and called on the visible cases' pass path too (before the early return), so that a
+# student edition, which withholds chapter 3's answers, replays the results and holds no code that computes them.
 @core.recorded
 def _ref_sinusoid(seq_len: int, d_model: int) -> torch.Tensor:
     return ref.sinusoidal_encoding(seq_len, d_model).double()
-
-
-@core.recorded
-def _rope_angles(seq_len: int, d_head: int, start_pos: int, base: float) -> torch.Tensor:
-    return ref.rope_angles(seq_len, d_head, start_pos, base)
 
 
 @core.recorded
@@ -43,6 +40,84 @@ def _ref_bias(heads: int, seq_q: int, seq_k: int) -> torch.Tensor:
     return ref.alibi_bias(heads, seq_q, seq_k).double()
 
 
+def _sinusoid_variant(seq_len: int, d_model: int, *, swap=False, exponent=2.0, base=10000.0, first=0) -> torch.Tensor:
+    """The encoding with one of the usual mistakes (exponent 2 is the correct 2i/d); only for _sinusoid_mistakes."""
+    position = torch.arange(first, first + seq_len, dtype=torch.float64)[:, None]
+    i = torch.arange(0, (d_model + 1) // 2, dtype=torch.float64)
+    angle = position / base ** (exponent * i / d_model)
+    first_fn, second_fn = (torch.cos, torch.sin) if swap else (torch.sin, torch.cos)
+    pe = torch.zeros(seq_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = first_fn(angle)
+    pe[:, 1::2] = second_fn(angle[:, : d_model // 2])
+    return pe
+
+
+@core.recorded
+def _sinusoid_mistakes(seq_len: int, d_model: int) -> dict[str, torch.Tensor]:
+    """The output of each mistake of _SINUSOID_MISTAKES."""
+    right = _sinusoid_variant(seq_len, d_model)
+    return {"swap": _sinusoid_variant(seq_len, d_model, swap=True),
+            "exponent": _sinusoid_variant(seq_len, d_model, exponent=1.0),
+            "base": _sinusoid_variant(seq_len, d_model, base=1000.0),
+            "first": _sinusoid_variant(seq_len, d_model, first=1),
+            "concatenated": torch.cat([right[:, 0::2], right[:, 1::2]], dim=-1)}
+
+
+@core.recorded
+def _learned_outputs(x: torch.Tensor, weight: torch.Tensor, start_pos: int) -> dict[str, torch.Tensor]:
+    """The right output ("expected") and each mistake of _LEARNED_MISTAKES that these sizes allow."""
+    seq = x.shape[1]
+    outputs = {"expected": x + weight[start_pos : start_pos + seq], "start_ignored": x + weight[:seq],
+               "alone": weight[start_pos : start_pos + seq].expand_as(x).clone()}
+    if start_pos + seq + 1 <= weight.shape[0]:
+        outputs["off_by_one"] = x + weight[start_pos + 1 : start_pos + seq + 1]
+    return outputs
+
+
+def _rope_variant(x: torch.Tensor, start_pos: int, base: float, *, sign: float = 1.0, halves: bool = False):
+    """The rotation with one of the usual mistakes; only for _rope_mistakes."""
+    angle = sign * ref.rope_angles(x.shape[-2], x.shape[-1], start_pos, base)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    if halves:
+        a, b = x.chunk(2, dim=-1)
+    else:
+        a, b = x[..., 0::2], x[..., 1::2]
+    ra, rb = a * cos - b * sin, a * sin + b * cos
+    if halves:
+        return torch.cat((ra, rb), dim=-1)
+    return torch.stack((ra, rb), dim=-1).flatten(-2)
+
+
+@core.recorded
+def _rope_mistakes(x: torch.Tensor, start_pos: int, base: float) -> dict[str, torch.Tensor]:
+    """The output of each mistake of _ROPE_MISTAKES and _ROPE_COMPLEX_MISTAKES, in x's dtype."""
+    right = _rope_variant(x, start_pos, base)
+    return {"transposed": _rope_variant(x, start_pos, base, sign=-1.0),
+            "halves": _rope_variant(x, start_pos, base, halves=True),
+            "start_ignored": _rope_variant(x, 0, base),
+            "base_ignored": _rope_variant(x, start_pos, 10000.0),
+            "exponent": _rope_variant(x, start_pos, base ** 0.5),
+            "concatenated": torch.cat([right[..., 0::2], right[..., 1::2]], dim=-1)}
+
+
+@core.recorded
+def _slopes_mistakes(n: int) -> dict[str, torch.Tensor]:
+    """The output of each mistake of _SLOPES_MISTAKES."""
+    right, start = ref.alibi_slopes(n).double(), 2.0 ** (-8.0 / n)
+    return {"negative": -right, "naive": torch.tensor([start ** (i + 1) for i in range(n)], dtype=torch.float64),
+            "reversed": right.flip(0)}
+
+
+@core.recorded
+def _bias_mistakes(heads: int, seq_q: int, seq_k: int) -> dict[str, torch.Tensor]:
+    """The output of each mistake of _BIAS_MISTAKES."""
+    slopes = ref.alibi_slopes(heads).double()[:, None, None]
+    query, key = torch.arange(seq_q)[:, None], torch.arange(seq_k)[None, :]
+    return {"positive": slopes * (query + (seq_k - seq_q) - key).abs(),
+            "start_aligned": -slopes * (query - key).abs(),
+            "signed": -slopes * (query + (seq_k - seq_q) - key).double()}
+
+
 def _randint(gen: torch.Generator, low: int, high: int) -> int:
     """An int in [low, high], drawn from ``gen``."""
     return int(torch.randint(low, high + 1, (), generator=gen))
@@ -56,10 +131,10 @@ def _matches(actual: Any, candidate: torch.Tensor, atol: float = 1e-5) -> bool:
     )
 
 
-def _diagnose(actual: Any, mistakes: list[tuple[str, torch.Tensor]], atol: float = 1e-5) -> None:
-    """Fail with the hint of the first known mistake that ``actual`` reproduces."""
-    for hint, candidate in mistakes:
-        if _matches(actual, candidate, atol):
+def _diagnose(actual: Any, hints: dict[str, str], mistakes: dict[str, torch.Tensor], atol: float = 1e-5) -> None:
+    """Fail with the hint of the first known mistake (in the order of ``hints``) that ``actual`` reproduces."""
+    for key, hint in hints.items():
+        if key in mistakes and _matches(actual, mistakes[key], atol):
             fail(hint)
 
 
@@ -109,18 +184,6 @@ def _judge_value_errors(inputs: dict, outputs: dict) -> None:
 # --- sinusoidal_encoding ---
 
 
-def _sinusoid_variant(seq_len: int, d_model: int, *, swap=False, exponent=2.0, base=10000.0, first=0) -> torch.Tensor:
-    """The encoding with one of the usual mistakes, for diagnosis (exponent 2 is the correct 2i/d)."""
-    position = torch.arange(first, first + seq_len, dtype=torch.float64)[:, None]
-    i = torch.arange(0, (d_model + 1) // 2, dtype=torch.float64)
-    angle = position / base ** (exponent * i / d_model)
-    first_fn, second_fn = (torch.cos, torch.sin) if swap else (torch.sin, torch.cos)
-    pe = torch.zeros(seq_len, d_model, dtype=torch.float64)
-    pe[:, 0::2] = first_fn(angle)
-    pe[:, 1::2] = second_fn(angle[:, : d_model // 2])
-    return pe
-
-
 def _sinusoid_inputs(seq_range: tuple[int, int], d_range: tuple[int, int], odd: bool = False):
     def inputs(gen: torch.Generator) -> dict:
         seq_len = _randint(gen, *seq_range)
@@ -130,24 +193,23 @@ def _sinusoid_inputs(seq_range: tuple[int, int], d_range: tuple[int, int], odd: 
     return inputs
 
 
+_SINUSOID_MISTAKES = {
+    "swap": "sin and cos are swapped: even columns 2i are sin, odd columns 2i+1 are cos (row 0 must be 0, 1, 0, 1, ...)",
+    "exponent": "the exponent is i/d instead of 2i/d: pair i (columns 2i and 2i+1) uses 10000^(2i/d_model)",
+    "base": "the base must be 10000 (you used 1000)",
+    "first": "positions start at 0, not 1: row 0 is the encoding of position 0 (sin 0 = 0, cos 0 = 1)",
+    "concatenated": "the columns are not interleaved: put sin in the even columns 0, 2, 4, ... and cos in the odd "
+    "columns, not all sines first and then all cosines",
+}
+
+
 def _judge_sinusoid(inputs: dict, outputs: dict) -> None:
     seq_len, d_model = inputs["args"]
     out = outputs["out"]
-    expected = _ref_sinusoid(seq_len, d_model)
+    expected, mistakes = _ref_sinusoid(seq_len, d_model), _sinusoid_mistakes(seq_len, d_model)
     if _matches(out, expected):
         return
-    _diagnose(out, [
-        ("sin and cos are swapped: even columns 2i are sin, odd columns 2i+1 are cos (row 0 must be 0, 1, 0, 1, ...)",
-         _sinusoid_variant(seq_len, d_model, swap=True)),
-        ("the exponent is i/d instead of 2i/d: pair i (columns 2i and 2i+1) uses 10000^(2i/d_model)",
-         _sinusoid_variant(seq_len, d_model, exponent=1.0)),
-        ("the base must be 10000 (you used 1000)", _sinusoid_variant(seq_len, d_model, base=1000.0)),
-        ("positions start at 0, not 1: row 0 is the encoding of position 0 (sin 0 = 0, cos 0 = 1)",
-         _sinusoid_variant(seq_len, d_model, first=1)),
-        ("the columns are not interleaved: put sin in the even columns 0, 2, 4, ... and cos in the odd columns, "
-         "not all sines first and then all cosines",
-         torch.cat([expected[:, 0::2], expected[:, 1::2]], dim=-1)),
-    ])
+    _diagnose(out, _SINUSOID_MISTAKES, mistakes)
     expect_close(out, expected, "PE[p, 2i] = sin(p / 10000^(2i/d_model)), PE[p, 2i+1] = cos(p / 10000^(2i/d_model))",
                  atol=1e-5)
 
@@ -203,26 +265,24 @@ def _learned_inputs(start: str, *, batch_max: int = 3):
     return inputs
 
 
+_LEARNED_MISTAKES = {
+    "start_ignored": "start_pos is ignored: the tokens sit at positions start_pos … start_pos + seq - 1, not 0 … "
+    "seq - 1",
+    "alone": "return x PLUS the position vectors, not the position vectors alone",
+    "off_by_one": "the positions are off by one: the first token is at position start_pos",
+}
+
+
 def _judge_learned(inputs: dict, outputs: dict) -> None:
     _no_error(outputs)
     (x,), start_pos = inputs["args"], inputs["kwargs"]["start_pos"]
-    weight = inputs["state"]["embedding.weight"]
-    seq = x.shape[1]
-    expected = x + weight[start_pos : start_pos + seq]
-    out = outputs["out"]
+    outputs_of = _learned_outputs(x, inputs["state"]["embedding.weight"], start_pos)
+    expected, out = outputs_of["expected"], outputs["out"]
     if _matches(out, expected):
         return
-    mistakes = [
-        ("x is returned unchanged: add the position vectors embedding(positions)", x),
-        ("start_pos is ignored: the tokens sit at positions start_pos … start_pos + seq - 1, not 0 … seq - 1",
-         x + weight[:seq]),
-        ("return x PLUS the position vectors, not the position vectors alone",
-         weight[start_pos : start_pos + seq].expand_as(x)),
-    ]
-    if start_pos + seq + 1 <= weight.shape[0]:
-        mistakes.append(("the positions are off by one: the first token is at position start_pos",
-                         x + weight[start_pos + 1 : start_pos + seq + 1]))
-    _diagnose(out, mistakes)
+    if _matches(out, x):
+        fail("x is returned unchanged: add the position vectors embedding(positions)")
+    _diagnose(out, _LEARNED_MISTAKES, outputs_of)
     expect_close(out, expected, "the output must be x + embedding(positions start_pos … start_pos + seq - 1)")
 
 
@@ -262,25 +322,6 @@ def _judge_learned_past(inputs: dict, outputs: dict) -> None:
 # --- apply_rope ---
 
 
-def _rope_variant(x: torch.Tensor, start_pos: int, base: float, *, sign: float = 1.0, halves: bool = False):
-    angle = sign * _rope_angles(x.shape[-2], x.shape[-1], start_pos, base)
-    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
-    if halves:
-        a, b = x.chunk(2, dim=-1)
-    else:
-        a, b = x[..., 0::2], x[..., 1::2]
-    ra, rb = a * cos - b * sin, a * sin + b * cos
-    if halves:
-        return torch.cat((ra, rb), dim=-1)
-    return torch.stack((ra, rb), dim=-1).flatten(-2)
-
-
-def _rope_variant_angles(x: torch.Tensor, start_pos: int, base: float) -> None:
-    """Every angle table the mistakes below use, asked for up front (so that a student edition has them all)."""
-    for s, b in ((start_pos, base), (0, base), (start_pos, 10000.0), (start_pos, base ** 0.5)):
-        _rope_angles(x.shape[-2], x.shape[-1], s, b)
-
-
 def _rope_inputs(*, start: bool, base: bool = False, dtype=torch.float32, long: bool = False):
     def inputs(gen: torch.Generator) -> dict:
         seq = _randint(gen, 40, 80) if long else _randint(gen, 3, 9)
@@ -296,12 +337,21 @@ def _rope_inputs(*, start: bool, base: bool = False, dtype=torch.float32, long: 
     return inputs
 
 
+_ROPE_MISTAKES = {
+    "transposed": "you rotate the wrong way (the transpose): the rotated pair is (a·cos θ - b·sin θ, a·sin θ + b·cos θ)",
+    "halves": "you rotate the two halves (x[i], x[i + d/2]) together; this chapter's convention rotates interleaved "
+    "pairs (x[2i], x[2i+1]) — mixing the two conventions between a model's q and k breaks RoPE",
+    "start_ignored": "start_pos is ignored: the tokens sit at positions start_pos … start_pos + seq - 1",
+    "base_ignored": "the frequencies ignore base: θ_i = base^(-2i/d_head)",
+    "exponent": "the exponent is i/d instead of 2i/d: pair i turns at base^(-2i/d_head) radians per position",
+}
+
+
 def _judge_rope(inputs: dict, outputs: dict) -> None:
     (x,) = inputs["args"]
     start_pos, base = inputs["kwargs"].get("start_pos", 0), inputs["kwargs"].get("base", 10000.0)
     out = outputs["out"]
-    expected = _ref_rope(x, start_pos, base)
-    _rope_variant_angles(x, start_pos, base)
+    expected, mistakes = _ref_rope(x, start_pos, base), _rope_mistakes(x, start_pos, base)
     atol = 1e-5 if x.dtype == torch.float32 else 1e-10
     if _matches(out, expected, atol):
         return
@@ -310,18 +360,7 @@ def _judge_rope(inputs: dict, outputs: dict) -> None:
         if not torch.allclose(norms, x.norm(dim=-1), atol=1e-4 if x.dtype == torch.float32 else 1e-10, rtol=1e-4):
             fail("a rotation preserves the norm of every (batch, head, position) vector, yours does not: "
                  "rotate each pair (x[2i], x[2i+1]) as (a·cos - b·sin, a·sin + b·cos)")
-    _diagnose(out, [
-        ("you rotate the wrong way (the transpose): the rotated pair is (a·cos θ - b·sin θ, a·sin θ + b·cos θ)",
-         _rope_variant(x, start_pos, base, sign=-1.0)),
-        ("you rotate the two halves (x[i], x[i + d/2]) together; this chapter's convention rotates interleaved "
-         "pairs (x[2i], x[2i+1]) — mixing the two conventions between a model's q and k breaks RoPE",
-         _rope_variant(x, start_pos, base, halves=True)),
-        ("start_pos is ignored: the tokens sit at positions start_pos … start_pos + seq - 1",
-         _rope_variant(x, 0, base)),
-        ("the frequencies ignore base: θ_i = base^(-2i/d_head)", _rope_variant(x, start_pos, 10000.0)),
-        ("the exponent is i/d instead of 2i/d: pair i turns at base^(-2i/d_head) radians per position",
-         _rope_variant(x, start_pos, base ** 0.5)),
-    ], atol)
+    _diagnose(out, _ROPE_MISTAKES, mistakes, atol)
     expect_close(out, expected, "rotate pair (x[2i], x[2i+1]) at position p by the angle p · base^(-2i/d_head)",
                  atol=atol)
 
@@ -349,12 +388,23 @@ def _judge_rope_relative(inputs: dict, outputs: dict) -> None:
 # --- apply_rope_complex ---
 
 
+_ROPE_COMPLEX_MISTAKES = {
+    "transposed": "you multiply by e^(-iθ) (the conjugate): the rotation by +θ is the product with e^(+iθ) = "
+    "cos θ + i·sin θ",
+    "halves": "your complex numbers pair x[i] with x[i + d/2] (the halves); here a pair is two neighbours, "
+    "x[2i] + i·x[2i+1]: reshape the last axis to (d_head/2, 2) before torch.view_as_complex",
+    "start_ignored": "start_pos is ignored: the angles are those of positions start_pos … start_pos + seq - 1",
+    "concatenated": "the real and imaginary parts are not interleaved back: torch.view_as_real gives (..., d_head/2, "
+    "2), flatten those two axes, do not concatenate all real parts then all imaginary parts",
+}
+
+
 def _judge_rope_complex(inputs: dict, outputs: dict) -> None:
     (x,) = inputs["args"]
     start_pos, base = inputs["kwargs"].get("start_pos", 0), inputs["kwargs"].get("base", 10000.0)
     out = outputs["out"]
-    _rope_variant_angles(x, start_pos, base)
-    expected = _rope_variant(x.double(), start_pos, base)  # the pairwise rotation, written with cos and sin
+    # the pairwise rotation (the other exercise), in float64
+    expected, mistakes = _ref_rope(x.double(), start_pos, base), _rope_mistakes(x.double(), start_pos, base)
     atol = 1e-5 if x.dtype == torch.float32 else 1e-10
     if isinstance(out, torch.Tensor) and out.shape == x.shape and out.dtype != x.dtype:
         fail(f"return the dtype of x ({x.dtype}), not {out.dtype}: convert back after torch.view_as_real")
@@ -363,28 +413,12 @@ def _judge_rope_complex(inputs: dict, outputs: dict) -> None:
             fail("a float64 x lost precision: its pairs must become complex128 numbers (torch.view_as_complex of "
                  "the float64 tensor, and e^(iθ) in complex128), not complex64")
         return
-    _diagnose(out, [
-        ("you multiply by e^(-iθ) (the conjugate): the rotation by +θ is the product with e^(+iθ) = cos θ + i·sin θ",
-         _rope_variant(x.double(), start_pos, base, sign=-1.0)),
-        ("your complex numbers pair x[i] with x[i + d/2] (the halves); here a pair is two neighbours, "
-         "x[2i] + i·x[2i+1]: reshape the last axis to (d_head/2, 2) before torch.view_as_complex",
-         _rope_variant(x.double(), start_pos, base, halves=True)),
-        ("start_pos is ignored: the angles are those of positions start_pos … start_pos + seq - 1",
-         _rope_variant(x.double(), 0, base)),
-        ("the real and imaginary parts are not interleaved back: torch.view_as_real gives (..., d_head/2, 2), "
-         "flatten those two axes, do not concatenate all real parts then all imaginary parts",
-         torch.cat([expected[..., 0::2], expected[..., 1::2]], dim=-1)),
-    ], atol)
+    _diagnose(out, _ROPE_COMPLEX_MISTAKES, mistakes, atol)
     expect_close(out, expected, "the complex product must equal the pairwise rotation: (a + ib)·e^(iθ) = "
                  "(a·cos θ - b·sin θ) + i·(a·sin θ + b·cos θ)", atol=atol)
 
 
 # --- alibi_slopes ---
-
-
-def _naive_slopes(n: int) -> torch.Tensor:
-    start = 2.0 ** (-8.0 / n)
-    return torch.tensor([start ** (i + 1) for i in range(n)], dtype=torch.float64)
 
 
 def _slopes_inputs(choices: tuple[int, ...]):
@@ -394,19 +428,22 @@ def _slopes_inputs(choices: tuple[int, ...]):
     return inputs
 
 
+def _slopes_hints(n: int) -> dict[str, str]:
+    return {
+        "negative": "slopes must be positive (the bias is -slope · distance)",
+        "naive": f"for n_heads={n}, not a power of two, the paper does not use 2^(-8/n): take the slopes of the power "
+        "of two below n, then every other slope (0, 2, 4, ...) of the next power of two until you have n",
+        "reversed": "the slopes are in reverse order: head 0 has the largest slope 2^(-8/n)",
+    }
+
+
 def _judge_slopes(inputs: dict, outputs: dict) -> None:
     (n,) = inputs["args"]
     out = outputs["out"]
-    expected = _ref_slopes(n)
+    expected, mistakes = _ref_slopes(n), _slopes_mistakes(n)
     if _matches(out, expected, 1e-7):
         return
-    _diagnose(out, [
-        ("slopes must be positive (the bias is -slope · distance)", -expected),
-        (f"for n_heads={n}, not a power of two, the paper does not use 2^(-8/n): take the slopes of the power of "
-         "two below n, then every other slope (0, 2, 4, ...) of the next power of two until you have n",
-         _naive_slopes(n)),
-        ("the slopes are in reverse order: head 0 has the largest slope 2^(-8/n)", expected.flip(0)),
-    ], 1e-7)
+    _diagnose(out, _slopes_hints(n), mistakes, 1e-7)
     expect_close(out, expected, f"for n_heads={n} (a power of two) the slopes are 2^(-8/n), 2^(-16/n), …, 2^(-8)"
                  if n & (n - 1) == 0 else f"wrong slopes for n_heads={n}", atol=1e-7)
 
@@ -424,21 +461,21 @@ def _bias_inputs(*, square: bool, power_of_two: bool = True):
     return inputs
 
 
+_BIAS_MISTAKES = {
+    "positive": "the bias must be a penalty: -slope · distance (≤ 0, 0 on the diagonal), yours is positive",
+    "start_aligned": "the queries are not end-aligned: with seq_q < seq_k the last query sits at key position "
+    "seq_k - 1 (query i is at position i + seq_k - seq_q, as in causal_mask)",
+    "signed": "use the distance |i - j|, not the signed difference",
+}
+
+
 def _judge_bias(inputs: dict, outputs: dict) -> None:
     heads, seq_q, seq_k = inputs["args"]
     out = outputs["out"]
-    expected = _ref_bias(heads, seq_q, seq_k)
-    slopes = _ref_slopes(heads)[:, None, None]
+    expected, mistakes = _ref_bias(heads, seq_q, seq_k), _bias_mistakes(heads, seq_q, seq_k)
     if _matches(out, expected, 1e-6):
         return
-    start_aligned = -slopes * (torch.arange(seq_q)[:, None] - torch.arange(seq_k)[None, :]).abs()
-    _diagnose(out, [
-        ("the bias must be a penalty: -slope · distance (≤ 0, 0 on the diagonal), yours is positive", -expected),
-        ("the queries are not end-aligned: with seq_q < seq_k the last query sits at key position seq_k - 1 "
-         "(query i is at position i + seq_k - seq_q, as in causal_mask)", start_aligned),
-        ("use the distance |i - j|, not the signed difference", -slopes * (
-            torch.arange(seq_q)[:, None] + (seq_k - seq_q) - torch.arange(seq_k)[None, :]).double()),
-    ], 1e-6)
+    _diagnose(out, _BIAS_MISTAKES, mistakes, 1e-6)
     expect_close(out, expected, "bias[h, i, j] = -slope_h · |i + (seq_k - seq_q) - j| with slope_h = alibi_slopes(n_heads)[h] "
                  "(if your alibi_slopes fails its check, fix it first)", atol=1e-6)
 
