@@ -194,7 +194,8 @@ def _sinusoid_inputs(seq_range: tuple[int, int], d_range: tuple[int, int], odd: 
 
 
 _SINUSOID_MISTAKES = {
-    "swap": "sin and cos are swapped: even columns 2i are sin, odd columns 2i+1 are cos (row 0 must be 0, 1, 0, 1, ...)",
+    "swap": "sin and cos are swapped: even columns 2i are sin, odd columns 2i+1 are cos (row 0 must be 0, 1, 0, 1, "
+    "...)",
     "exponent": "the exponent is i/d instead of 2i/d: pair i (columns 2i and 2i+1) uses 10000^(2i/d_model)",
     "base": "the base must be 10000 (you used 1000)",
     "first": "positions start at 0, not 1: row 0 is the encoding of position 0 (sin 0 = 0, cos 0 = 1)",
@@ -338,7 +339,8 @@ def _rope_inputs(*, start: bool, base: bool = False, dtype=torch.float32, long: 
 
 
 _ROPE_MISTAKES = {
-    "transposed": "you rotate the wrong way (the transpose): the rotated pair is (a·cos θ - b·sin θ, a·sin θ + b·cos θ)",
+    "transposed": "you rotate the wrong way (the transpose): the rotated pair is (a·cos θ - b·sin θ, "
+    "a·sin θ + b·cos θ)",
     "halves": "you rotate the two halves (x[i], x[i + d/2]) together; this chapter's convention rotates interleaved "
     "pairs (x[2i], x[2i+1]) — mixing the two conventions between a model's q and k breaks RoPE",
     "start_ignored": "start_pos is ignored: the tokens sit at positions start_pos … start_pos + seq - 1",
