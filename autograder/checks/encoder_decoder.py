@@ -45,12 +45,15 @@ def _same(actual: Any, expected: Tensor, atol: float = 1e-5) -> bool:
 
 
 def _expect_value_error(error: dict | None, arguments: tuple[str, ...], what: str) -> None:
+    """``what`` must be refused with a ValueError naming one of ``arguments`` (any ValueError when there are none:
+    the exercise's text does not ask for a name)."""
     names = " or ".join(arguments)
+    ask = f"raise a ValueError that names {names}" if arguments else "raise a ValueError that says what to change"
     if error is None:
-        fail(f"{what}, but your code went on: raise a ValueError that names {names}")
+        fail(f"{what}, but your code went on: {ask}")
     if error["type"] != "ValueError":
-        fail(f"{what}: raise a ValueError (you raised {error['type']}: {error['message']})")
-    if not any(name in error["message"] for name in arguments):
+        fail(f"{what}: {ask} (you raised {error['type']}: {error['message']})")
+    if arguments and not any(name in error["message"] for name in arguments):
         fail(f"{what}: your ValueError should name {names} and say what to change; it said {error['message']!r}")
 
 
@@ -84,12 +87,25 @@ def _tf_inputs(gen: torch.Generator, *, default_ids: bool = True, empty_row: boo
 
 
 def _tf_expected(tgt: Tensor, bos: int, eos: int, pad: int) -> tuple[Tensor, Tensor]:
-    """Row by row with lists: input BOS + tokens, labels tokens + EOS, both padded to width + 1."""
+    """Row by row with lists: input BOS + tokens, labels tokens + EOS, both padded to width + 1 (only for
+    _tf_outputs)."""
     width = tgt.shape[1]
     rows = [[t for t in row if t != pad] for row in tgt.tolist()]
     inputs = [[bos] + row + [pad] * (width - len(row)) for row in rows]
     labels = [row + [eos] + [pad] * (width - len(row)) for row in rows]
     return torch.tensor(inputs, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
+
+
+@core.recorded
+def _tf_outputs(tgt: Tensor, bos: int, eos: int, pad: int) -> dict[str, Tensor]:
+    """The right decoder input and labels, and the outputs of the mistakes _judge_tf names (recorded: a student
+    edition withholding chapter 4 replays them)."""
+    outputs = dict(zip(("input", "labels"), _tf_expected(tgt, bos, eos, pad)))
+    outputs["eos_after_padding"] = torch.cat([tgt, tgt.new_full((tgt.shape[0], 1), eos)], dim=1)
+    if (bos, eos, pad) != (1, 2, 0):
+        rows = torch.where(tgt == pad, 0, tgt)
+        outputs["hardcoded_input"], outputs["hardcoded_labels"] = _tf_expected(rows, 1, 2, 0)
+    return outputs
 
 
 def _equal(actual: Tensor, expected: Tensor) -> bool:
@@ -104,7 +120,8 @@ def _judge_tf(inputs: dict, outputs: dict) -> None:
     decoder_input, labels = out
     if decoder_input.is_floating_point() or labels.is_floating_point():
         fail("decoder_input and labels hold token ids: keep an integer dtype (like tgt's)")
-    expected_input, expected_labels = _tf_expected(tgt, bos, eos, pad)
+    outputs_of = _tf_outputs(tgt, bos, eos, pad)
+    expected_input, expected_labels = outputs_of["input"], outputs_of["labels"]
     if _equal(decoder_input, expected_input) and _equal(labels, expected_labels):
         return
     batch, width = tgt.shape
@@ -119,14 +136,11 @@ def _judge_tf(inputs: dict, outputs: dict) -> None:
              "(the training loss falls to ~0 and decoding is garbage). Input = BOS + tokens, labels = tokens + EOS")
     if _equal(decoder_input, expected_labels) and _equal(labels, expected_input):
         fail("shifted the wrong way: the decoder reads BOS + tokens and predicts tokens + EOS, not the reverse")
-    eos_after_padding = torch.cat([tgt, tgt.new_full((batch, 1), eos)], dim=1)
-    if _equal(labels, eos_after_padding):
+    if _equal(labels, outputs_of["eos_after_padding"]):
         fail("EOS goes right after each row's last real token, not after the padding: a padded row's labels are "
              "tokens, EOS, pad, pad, …")
     if (bos, eos, pad) != (1, 2, 0):
-        rows = torch.where(tgt == pad, 0, tgt)
-        fixed_input, fixed_labels = _tf_expected(rows, 1, 2, 0)
-        if _equal(decoder_input, fixed_input) or _equal(labels, fixed_labels):
+        if _equal(decoder_input, outputs_of["hardcoded_input"]) or _equal(labels, outputs_of["hardcoded_labels"]):
             fail(f"use the bos_id={bos}, eos_id={eos} and pad_id={pad} you are given, not the ids of our data set "
                  "(1, 2, 0): a different id at training and decoding time is a silent bug")
     if _equal(labels, expected_labels):
@@ -137,14 +151,31 @@ def _judge_tf(inputs: dict, outputs: dict) -> None:
     fail("decoder_input must be BOS + tokens and labels tokens + EOS, both right-padded with pad_id to width + 1")
 
 
-def _tf_left_padded_inputs(gen: torch.Generator) -> dict:
-    tgt = torch.randint(3, 30, (2, 4), generator=gen)
-    tgt[1, 0] = 0  # a pad before real tokens
-    return {"args": (tgt, 1, 2, 0)}
+def _tf_bad_inputs(gen: torch.Generator, *, other: bool = False) -> dict:
+    """One call per ValueError rule of the exercise's text, each breaking that rule only (``other``: other ids
+    and other ways to break them)."""
+    bos, eos, pad = _special_ids(gen, not other)
+    allowed = torch.tensor([i for i in range(40) if i not in (bos, eos, pad)])
+    tgt = allowed[torch.randint(len(allowed), (2, 4), generator=gen)]
+    tgt[1, 3] = pad  # a right-padded row: allowed
+    left_padded, special = tgt.clone(), tgt.clone()
+    left_padded[0, 1] = pad
+    special[0, 2] = eos if other else bos
+    rules = [
+        ("tgt is not 2-D", tgt[None] if other else tgt[0], (bos, eos, pad)),
+        ("tgt holds floats, not token ids", tgt.double() if other else tgt.float(), (bos, eos, pad)),
+        ("the three ids are not different", tgt, (bos, eos, eos) if other else (bos, bos, pad)),
+        ("tgt already contains BOS or EOS", special, (bos, eos, pad)),
+        ("a row is not right-padded (a real token after a pad_id)", left_padded, (bos, eos, pad)),
+    ]
+    return {"calls": [((t, *ids), {}) for _, t, ids in rules], "rules": [rule for rule, _, _ in rules]}
 
 
-def _tf_same_ids_inputs(gen: torch.Generator) -> dict:
-    return {"args": (torch.randint(3, 30, (2, 4), generator=gen), 1, 1, 0)}
+def _judge_tf_bad(inputs: dict, outputs: dict) -> None:
+    for rule, ((tgt, bos, eos, pad), _), result in zip(inputs["rules"], inputs["calls"], outputs["results"],
+                                                       strict=True):
+        _expect_value_error(result["error"], (), f"teacher_forcing(tgt of shape {tuple(tgt.shape)} and dtype "
+                            f"{tgt.dtype}, bos_id={bos}, eos_id={eos}, pad_id={pad}): {rule}")
 
 
 # --- DecoderLayer --------------------------------------------------------------------------------
@@ -189,8 +220,10 @@ def _decoder_inputs(gen: torch.Generator, *, norm_first: bool = False, activatio
             "args": (x, memory, mask)}
 
 
+@core.recorded
 def _torch_decoder(inputs: dict, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
-    """nn.TransformerDecoderLayer (batch first) with the same weights; PyTorch's masks mean True = NOT allowed."""
+    """nn.TransformerDecoderLayer (batch first) with the same weights; PyTorch's masks mean True = NOT allowed
+    (recorded: it computes the exercise's answer)."""
     d_model, n_heads, d_ff = inputs["init_args"]
     kw, state = inputs["init_kwargs"], inputs["state"]
     layer = nn.TransformerDecoderLayer(d_model, n_heads, d_ff, dropout=0.0, activation=kw["activation"],
@@ -378,23 +411,39 @@ def _judge_steps(inputs: dict, outputs: dict) -> None:
 
 
 def _noam(step: int, d_model: int, warmup: int, factor: float) -> float:
-    """The Noam formula written out: factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), step 0 as 1."""
+    """The Noam formula written out: factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), step 0 as 1 (only
+    for the recorded functions below)."""
     step = max(step, 1)
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
 _NOAM_MISTAKES = {
-    "the warm-up is step · warmup^-1.5 (it meets step^-0.5 at step = warmup); you used warmup^-0.5":
-        lambda s, d, w, f: f * d**-0.5 * min(max(s, 1) ** -0.5, max(s, 1) * w**-0.5),
-    "take the min of the two terms (warm-up, then decay), not the max":
-        lambda s, d, w, f: f * d**-0.5 * max(max(s, 1) ** -0.5, max(s, 1) * w**-1.5),
-    "the factor d_model^-0.5 is missing":
-        lambda s, d, w, f: f * min(max(s, 1) ** -0.5, max(s, 1) * w**-1.5),
-    "the scale is d_model^-0.5, not d_model^-1":
-        lambda s, d, w, f: f / d * min(max(s, 1) ** -0.5, max(s, 1) * w**-1.5),
-    "the factor argument is ignored: multiply by it":
-        lambda s, d, w, f: d**-0.5 * min(max(s, 1) ** -0.5, max(s, 1) * w**-1.5),
+    "warmup_exponent": "the warm-up is step · warmup^-1.5 (it meets step^-0.5 at step = warmup); you used "
+    "warmup^-0.5",
+    "max": "take the min of the two terms (warm-up, then decay), not the max",
+    "no_scale": "the factor d_model^-0.5 is missing",
+    "scale_inverse": "the scale is d_model^-0.5, not d_model^-1",
+    "no_factor": "the factor argument is ignored: multiply by it",
 }
+
+
+@core.recorded
+def _noam_values(step: int, d_model: int, warmup: int, factor: float) -> dict[str, float]:
+    """noam_lr's right value ("expected") and the value of each mistake of _NOAM_MISTAKES (recorded: a student
+    edition withholding chapter 4 replays them)."""
+    s, d, w, f = max(step, 1), d_model, warmup, factor
+    return {"expected": _noam(step, d, w, f),
+            "warmup_exponent": f * d**-0.5 * min(s**-0.5, s * w**-0.5),
+            "max": f * d**-0.5 * max(s**-0.5, s * w**-1.5),
+            "no_scale": f * min(s**-0.5, s * w**-1.5),
+            "scale_inverse": f / d * min(s**-0.5, s * w**-1.5),
+            "no_factor": d**-0.5 * min(s**-0.5, s * w**-1.5)}
+
+
+@core.recorded
+def _noam_schedule(d_model: int, warmup: int, factor: float, steps: int) -> list[float]:
+    """noam_lr of the steps 0 … steps (recorded, as _noam_values)."""
+    return [_noam(step, d_model, warmup, factor) for step in range(steps + 1)]
 
 
 def _noam_inputs(gen: torch.Generator, *, paper: bool = False) -> dict:
@@ -425,29 +474,43 @@ def _judge_noam(inputs: dict, outputs: dict) -> None:
                 fail(f"{call} divides by zero (0 ** -0.5): take step 0 as 1 — a scheduler asks for the lr of "
                      "step 0 before the first update")
             fail(f"{call} raised {result['error']['type']}: {result['error']['message']}")
-        got, expected = _number(result["out"]), _noam(step, d_model, warmup, factor)
+        values = _noam_values(step, d_model, warmup, factor)
+        got, expected = _number(result["out"]), values["expected"]
         if got is None:
             fail(f"{call} must return a number (a Python float); got {type(result['out']).__name__}")
         if math.isclose(got, expected, rel_tol=1e-6):
             continue
         if step == 0 and got == 0:
             fail(f"{call} = 0: the first update would not move the weights; take step 0 as 1")
-        for message, mistake in _NOAM_MISTAKES.items():
-            if math.isclose(got, mistake(step, d_model, warmup, factor), rel_tol=1e-6):
+        for bug, message in _NOAM_MISTAKES.items():
+            if math.isclose(got, values[bug], rel_tol=1e-6):
                 fail(f"{call} = {got:.4g}, expected {expected:.4g}: {message}")
         fail(f"{call} = {got:.4g}, expected {expected:.4g} = factor · d_model^-0.5 · min(step^-0.5, "
              "step · warmup^-1.5) (for d_model 512 and warmup 4000 the peak is about 7.0e-4)")
 
 
-def _noam_bad_inputs(gen: torch.Generator) -> dict:
-    return {"calls": [((-_int(gen, 1, 5), 512, 4000), {}), ((10, 0, 4000), {}), ((10, 512, 0), {})]}
+def _noam_bad_inputs(gen: torch.Generator, *, other: bool = False) -> dict:
+    """One call per ValueError rule: a step that is not a non-negative int, then what the given _check_noam_args
+    refuses (``other``: other values)."""
+    rules = [
+        ("step is negative", (-_int(gen, 1, 5), 512, 4000), {}, "step"),
+        ("step is not an int", (7.0 if other else 2.5, 512, 4000), {}, "step"),
+        ("d_model is not a positive int", (10, -8 if other else 0, 4000), {}, "d_model"),
+        ("warmup is not a positive int", (10, 512, -1 if other else 0), {}, "warmup"),
+        ("factor is not positive", (10, 512, 4000), {"factor": -1.0 if other else 0.0}, "factor"),
+    ]
+    return {"calls": [(args, kwargs) for _, args, kwargs, _ in rules],
+            "rules": [(rule, argument) for rule, _, _, argument in rules]}
 
 
 def _judge_noam_bad(inputs: dict, outputs: dict) -> None:
-    names = ("step", "d_model", "warmup")
-    for ((step, d_model, warmup), _), result, name in zip(inputs["calls"], outputs["results"], names):
-        _expect_value_error(result["error"], (name,), f"noam_lr({step}, d_model={d_model}, warmup={warmup}) has a "
-                            f"{name} that is not allowed")
+    for (rule, argument), ((step, d_model, warmup), kwargs), result in zip(inputs["rules"], inputs["calls"],
+                                                                          outputs["results"], strict=True):
+        factor = kwargs.get("factor", 1.0)
+        what = f"noam_lr({step!r}, d_model={d_model}, warmup={warmup}, factor={factor}): {rule}"
+        if argument != "step":
+            what += " (call the given _check_noam_args(d_model, warmup, factor) first)"
+        _expect_value_error(result["error"], (argument,), what)
 
 
 # --- noam_scheduler -------------------------------------------------------------------------------
@@ -462,15 +525,16 @@ def _scheduler_inputs(gen: torch.Generator, lrs: tuple[float, ...] = (1.0,)) -> 
 def _judge_scheduler(inputs: dict, outputs: dict) -> None:
     d_model, warmup = inputs["args"]
     factor = inputs["kwargs"]["factor"]
+    schedule = _noam_schedule(d_model, warmup, factor, inputs["steps"])
     if outputs["error"] is not None:
         fail(f"noam_scheduler raised {outputs['error']['type']} for an optimizer made with lr=1.0: "
              f"{outputs['error']['message']}")
     lrs = outputs["lrs"]
     for step, got in enumerate(lrs):
-        expected = _noam(step, d_model, warmup, factor)
+        expected = schedule[step]
         if all(math.isclose(lr, expected, rel_tol=1e-6) for lr in got):
             continue
-        if all(math.isclose(lr, _noam(step + 1, d_model, warmup, factor), rel_tol=1e-6) for lr in got):
+        if all(math.isclose(lr, schedule[step + 1], rel_tol=1e-6) for lr in got):
             fail("the schedule is one step ahead: LambdaLR calls your lambda with the number of scheduler steps "
                  "taken so far (0 before the first update); pass it to noam_lr unchanged")
         if step and lrs[0] == got:
@@ -483,9 +547,10 @@ def _judge_scheduler(inputs: dict, outputs: dict) -> None:
 def _judge_scheduler_refuses(inputs: dict, outputs: dict) -> None:
     bad = [lr for lr in inputs["lrs"] if lr != 1.0]
     d_model, warmup = inputs["args"]
+    schedule = _noam_schedule(d_model, warmup, inputs["kwargs"]["factor"], inputs["steps"])  # asked for up front
     if outputs["error"] is None:
-        lrs, factor = outputs["lrs"], inputs["kwargs"]["factor"]
-        scaled = all(math.isclose(got, lr * _noam(step, d_model, warmup, factor), rel_tol=1e-6)
+        lrs = outputs["lrs"]
+        scaled = all(math.isclose(got, lr * schedule[step], rel_tol=1e-6)
                      for step, row in enumerate(lrs) for got, lr in zip(row, inputs["lrs"]))
         if scaled:
             fail(f"with an optimizer made with lr={bad[0]} your schedule is silently {bad[0]}× the Noam rate: "
@@ -522,7 +587,9 @@ def _ls_inputs(gen: torch.Generator, *, epsilon: float | None = None, ignore: bo
     return {"args": (logits, target), "kwargs": {"epsilon": epsilon, "ignore_index": pad}}
 
 
+@core.recorded
 def _ls_expected(inputs: dict) -> Tensor:
+    """F.cross_entropy with label_smoothing (recorded: it computes the exercise's answer)."""
     logits, target = inputs["args"]
     epsilon, pad = inputs["kwargs"]["epsilon"], inputs["kwargs"]["ignore_index"]
     vocab = logits.shape[-1]
@@ -531,7 +598,7 @@ def _ls_expected(inputs: dict) -> Tensor:
 
 
 def _ls_variant(inputs: dict, bug: str) -> Tensor:
-    """The loss with one known mistake, in float64."""
+    """The loss with one known mistake, in float64 (only for _ls_mistakes)."""
     logits, target = inputs["args"]
     epsilon, pad = inputs["kwargs"]["epsilon"], inputs["kwargs"]["ignore_index"]
     vocab = logits.shape[-1]
@@ -545,6 +612,8 @@ def _ls_variant(inputs: dict, bug: str) -> Tensor:
         q = (1 - epsilon) * onehot + epsilon / (vocab - 2) * (1 - onehot)
         if pad is not None:
             q[:, pad] = 0.0
+    elif bug == "pad_column":  # ε/(V−1) on every class but the padding column
+        q = (1 - epsilon) * onehot + epsilon / (vocab - 1) * (1 - F.one_hot(torch.tensor(pad), vocab).double())
     elif bug == "twice":
         q = (1 - epsilon) * ((1 - epsilon) * onehot + epsilon / vocab) + epsilon / vocab
     elif bug == "no_smoothing":
@@ -556,6 +625,8 @@ def _ls_variant(inputs: dict, bug: str) -> Tensor:
         loss = loss + (q * q.clamp_min(1e-300).log()).sum(-1)
     if bug == "all_positions":
         return loss[keep].sum() / loss.numel()
+    if bug == "summed":
+        return loss[keep].sum()
     return loss[keep].mean()
 
 
@@ -566,6 +637,11 @@ _LS_MISTAKES = {
     "(label_smoothing=ε): q = (1−ε)·onehot + ε/V on every class, the target included",
     "annotated": "that is the Annotated Transformer's convention (ε/(V−2), nothing on the padding column). This "
     "library uses PyTorch's: q = (1−ε)·onehot + ε/V on every class",
+    "pad_column": "the padding column gets no smoothing (you spread ε/(V−1) over the other classes). This library uses "
+    "PyTorch's convention (label_smoothing=ε): q = (1−ε)·onehot + ε/V on every class, the padding column included; "
+    "ignore_index leaves out the padding positions, not the padding column",
+    "summed": "you summed the loss over the positions: return the mean over the non-ignored positions (the sum "
+    "divided by their count), or the loss and its gradients grow with the batch",
     "twice": "the smoothing is applied twice: build q = (1−ε)·onehot + ε/V once",
     "no_smoothing": "epsilon is ignored: the target distribution is q = (1−ε)·onehot + ε/V, not the one-hot",
     "kl": "you computed the KL divergence KL(q‖p) = cross-entropy − H(q): the same gradient, but the value is "
@@ -573,8 +649,16 @@ _LS_MISTAKES = {
 }
 
 
+@core.recorded
+def _ls_mistakes(inputs: dict) -> dict[str, Tensor]:
+    """The loss of each mistake of _LS_MISTAKES that these inputs allow (recorded: a student edition withholding
+    chapter 4 replays them)."""
+    return {bug: _ls_variant(inputs, bug) for bug in _LS_MISTAKES
+            if bug != "pad_column" or inputs["kwargs"]["ignore_index"] is not None}  # no padding column to leave out
+
+
 def _judge_ls(inputs: dict, outputs: dict) -> None:
-    got, expected = outputs["out"], _ls_expected(inputs)
+    got, expected, mistakes = outputs["out"], _ls_expected(inputs), _ls_mistakes(inputs)
     if not isinstance(got, Tensor) or got.numel() != 1:
         fail(f"return the mean loss as a 0-dim tensor; got {type(got).__name__}"
              + (f" of shape {tuple(got.shape)}" if isinstance(got, Tensor) else ""))
@@ -585,7 +669,7 @@ def _judge_ls(inputs: dict, outputs: dict) -> None:
     if torch.allclose(value, expected, atol=1e-5, rtol=1e-5):
         return
     for bug, message in _LS_MISTAKES.items():
-        if torch.allclose(value, _ls_variant(inputs, bug), atol=1e-5, rtol=1e-5):
+        if bug in mistakes and torch.allclose(value, mistakes[bug], atol=1e-5, rtol=1e-5):
             fail(message)
     epsilon, pad = inputs["kwargs"]["epsilon"], inputs["kwargs"]["ignore_index"]
     fail(f"loss {float(value):.5f}, expected {float(expected):.5f} = F.cross_entropy(logits, target, "
@@ -611,16 +695,33 @@ def _judge_ls_grad(inputs: dict, outputs: dict) -> None:
     expect_close(grad, leaf.grad, "the gradient with respect to the logits differs from F.cross_entropy's", atol=1e-5)
 
 
-def _ls_bad_inputs(gen: torch.Generator) -> dict:
+def _ls_bad_inputs(gen: torch.Generator, *, other: bool = False) -> dict:
+    """One call per ValueError rule of the exercise's text, each breaking that rule only (``other``: other
+    values)."""
     logits = torch.randn(2, 3, 5, generator=gen)
-    target = torch.randint(0, 5, (2, 3), generator=gen)
-    return {"calls": [((logits, target), {"epsilon": 1.5}), ((logits, target[:, :2]), {"epsilon": 0.1})]}
+    target = torch.randint(1, 5, (2, 3), generator=gen)
+    outside = target.clone()
+    outside[1, 1] = -2 if other else 5
+    ignore = {"ignore_index": 0} if other else {}
+    rules = [
+        ("epsilon is above 1", (logits, target), {"epsilon": 2.0 if other else 1.5}, ("epsilon",)),
+        ("epsilon is negative", (logits, target), {"epsilon": -0.5 if other else -0.1}, ("epsilon",)),
+        ("logits and target do not fit", (logits, target[:, :2] if other else target[None]), {}, ("logits", "target")),
+        ("target holds floats, not class ids", (logits, target.double() if other else target.float()), {},
+         ("target",)),
+        ("a target id is outside the vocabulary", (logits, outside), ignore, ("target",)),
+    ]
+    return {"calls": [(args, kwargs) for _, args, kwargs, _ in rules],
+            "rules": [(rule, names) for rule, _, _, names in rules]}
 
 
 def _judge_ls_bad(inputs: dict, outputs: dict) -> None:
-    first, second = outputs["results"]
-    _expect_value_error(first["error"], ("epsilon",), "epsilon=1.5 is not a probability")
-    _expect_value_error(second["error"], ("logits", "target"), "logits (2, 3, 5) do not fit a target of shape (2, 2)")
+    for (rule, names), ((logits, target), kwargs), result in zip(inputs["rules"], inputs["calls"],
+                                                                 outputs["results"], strict=True):
+        shown = ", ".join(f"{k}={v}" for k, v in kwargs.items())
+        _expect_value_error(result["error"], names, f"label_smoothed_cross_entropy(logits of shape "
+                            f"{tuple(logits.shape)}, target of shape {tuple(target.shape)} and dtype {target.dtype}"
+                            f"{', ' + shown if shown else ''}): {rule}")
 
 
 # --- decoding with a lookup model -----------------------------------------------------------------
@@ -686,7 +787,8 @@ def _step_logits(model: LookupModel, src: Tensor, row: int, prefix: list[int]) -
 
 
 def _greedy_by_hand(model: LookupModel, src: Tensor, max_len: int, bos: int, eos: int) -> list[list[int]]:
-    """One row at a time, the most likely next token until EOS or max_len tokens."""
+    """One row at a time, the most likely next token until EOS or max_len tokens (only for the recorded
+    functions)."""
     out = []
     for row in range(src.shape[0]):
         prefix = [bos]
@@ -716,6 +818,19 @@ def _is_greedy(model: LookupModel, src: Tensor, row: int, tokens: list[int], max
     return True
 
 
+@core.recorded
+def _greedy_rows(inputs: dict) -> dict[str, list[list[int]]]:
+    """Greedy decoding by hand: the right rows ("expected"), and the rows of the mistakes _judge_greedy names
+    (recorded: a student edition withholding chapter 4 replays them)."""
+    src, max_len, bos, eos = _decode_args(inputs)
+    rows = {"expected": _greedy_by_hand(_lookup(inputs), src, max_len, bos, eos)}
+    if inputs["train"]:
+        rows["train"] = _greedy_by_hand(_lookup(inputs, train=True), src, max_len, bos, eos)
+    if bos != 1:
+        rows["bos_1"] = _greedy_by_hand(_lookup(inputs), src, max_len, 1, eos)
+    return rows
+
+
 def _first_eos_stops_all(rows: list[list[int]], max_len: int) -> list[list[int]]:
     """What a batch loop that stops when the first row ends returns."""
     ended = [len(r) + 1 for r in rows if len(r) < max_len]
@@ -726,10 +841,10 @@ def _first_eos_stops_all(rows: list[list[int]], max_len: int) -> list[list[int]]
 def _judge_greedy(inputs: dict, outputs: dict, *, check_feeding: bool = False) -> None:
     src, max_len, bos, eos = _decode_args(inputs)
     rows = _rows_of(outputs["out"], src.shape[0])
-    model = _lookup(inputs)
-    expected = _greedy_by_hand(model, src, max_len, bos, eos)
+    model, candidates = _lookup(inputs), _greedy_rows(inputs)
+    expected = candidates["expected"]
     if rows != expected and not all(_is_greedy(model, src, r, row, max_len, bos, eos) for r, row in enumerate(rows)):
-        if inputs["train"] and rows == _greedy_by_hand(_lookup(inputs, train=True), src, max_len, bos, eos):
+        if inputs["train"] and rows == candidates["train"]:
             fail("you decoded with the model in training mode (dropout on): switch to model.eval() while "
                  "decoding, and restore the model's mode afterwards")
         if any(eos in row for row in rows):
@@ -741,7 +856,7 @@ def _judge_greedy(inputs: dict, outputs: dict, *, check_feeding: bool = False) -
                  "all rows have finished (rows of a batch end at different steps)")
         if any(len(row) > max_len for row in rows):
             fail(f"a row has more than max_len={max_len} tokens")
-        if bos != 1 and rows == _greedy_by_hand(model, src, max_len, 1, eos):
+        if bos != 1 and rows == candidates["bos_1"]:
             fail(f"start every row with bos_id={bos}, the id the model was trained with, not 1")
         r = next(i for i, (a, b) in enumerate(zip(rows, expected)) if a != b)
         fail(f"row {r}: expected {expected[r]}, got {rows[r]} — at each step take the most likely next token "
@@ -781,7 +896,8 @@ def _normalised(score: float, length: int, alpha: float) -> float:
 
 def _beam_by_hand(model: LookupModel, src: Tensor, beam: int, max_len: int, bos: int, eos: int, alpha: float,
                   bug: str | None = None) -> list[list[int]]:
-    """Beam search over Python lists, one source row at a time, optionally with one known mistake.
+    """Beam search over Python lists, one source row at a time, optionally with one known mistake (only for the
+    recorded functions).
 
     A hypothesis is (score, tokens, finished, length). Each step expands every live hypothesis with every
     token, keeps finished ones as they are, and keeps the ``beam`` best by score; at the end the best by
@@ -814,7 +930,8 @@ def _beam_by_hand(model: LookupModel, src: Tensor, beam: int, max_len: int, bos:
 
 def _exhaustive_best(model: LookupModel, src: Tensor, max_len: int, bos: int, eos: int,
                      alpha: float) -> list[list[int]]:
-    """The best hypothesis of each row by normalised score, over every sequence (small vocabularies only)."""
+    """The best hypothesis of each row by normalised score, over every sequence (small vocabularies only; only for
+    _beam_rows)."""
     words = [t for t in range(model.config.tgt_vocab) if t != eos and float(model.first[:, :, :, t].max()) > NEVER / 2]
     out = []
     for row in range(src.shape[0]):
@@ -859,32 +976,54 @@ _BEAM_MISTAKES = {
 }
 
 
+@core.recorded
+def _beam_rows(inputs: dict, exhaustive: bool) -> list[list[int]]:
+    """The right rows: beam search by hand, or the exhaustive search's best (recorded: a student edition
+    withholding chapter 4 replays them)."""
+    src, max_len, bos, eos = _decode_args(inputs)
+    beam, alpha = inputs["args"][1], inputs["kwargs"].get("length_penalty", 0.6)
+    if exhaustive:
+        return _exhaustive_best(_lookup(inputs), src, max_len, bos, eos, alpha)
+    return _beam_by_hand(_lookup(inputs), src, beam, max_len, bos, eos, alpha)
+
+
+@core.recorded
+def _beam_mistakes(inputs: dict) -> dict[str, list[list[int]]]:
+    """The rows of each mistake _judge_beam names: training mode, _BEAM_MISTAKES, greedy (recorded, as _beam_rows)."""
+    src, max_len, bos, eos = _decode_args(inputs)
+    beam, alpha = inputs["args"][1], inputs["kwargs"].get("length_penalty", 0.6)
+    model = _lookup(inputs)
+    rows = {bug: _beam_by_hand(model, src, beam, max_len, bos, eos, alpha, bug) for bug in _BEAM_MISTAKES}
+    if inputs["train"]:
+        rows["train"] = _beam_by_hand(_lookup(inputs, train=True), src, beam, max_len, bos, eos, alpha)
+    if beam > 1:
+        rows["greedy"] = _greedy_by_hand(model, src, max_len, bos, eos)
+    return rows
+
+
 def _judge_beam(inputs: dict, outputs: dict, *, exhaustive: bool = False, check_feeding: bool = False) -> None:
     src, max_len, bos, eos = _decode_args(inputs)
     beam, alpha = inputs["args"][1], inputs["kwargs"].get("length_penalty", 0.6)
     rows = _rows_of(outputs["out"], src.shape[0])
-    model = _lookup(inputs)
-    if exhaustive:
-        expected = _exhaustive_best(model, src, max_len, bos, eos, alpha)
-    else:
-        expected = _beam_by_hand(model, src, beam, max_len, bos, eos, alpha)
+    model, expected = _lookup(inputs), _beam_rows(inputs, exhaustive)
+    # Up front, so that a student edition has them for the visible cases; not for the exhaustive search (a hidden
+    # case), whose beam as large as the search space makes the mistakes slow to compute when nothing is wrong.
+    mistakes = None if exhaustive else _beam_mistakes(inputs)
     wrong = [r for r, (got, want) in enumerate(zip(rows, expected)) if got != want and not math.isclose(
         _row_value(model, src, r, got, max_len, bos, eos, alpha) if eos not in got and len(got) <= max_len else -1e9,
         _row_value(model, src, r, want, max_len, bos, eos, alpha), abs_tol=1e-4)]
     if wrong:
-        if inputs["train"]:
-            trained = _lookup(inputs, train=True)
-            if rows == _beam_by_hand(trained, src, beam, max_len, bos, eos, alpha):
-                fail("you decoded with the model in training mode (dropout on): switch to model.eval() while "
-                     "decoding, and restore the model's mode afterwards")
+        mistakes = _beam_mistakes(inputs) if mistakes is None else mistakes
+        if inputs["train"] and rows == mistakes["train"]:
+            fail("you decoded with the model in training mode (dropout on): switch to model.eval() while "
+                 "decoding, and restore the model's mode afterwards")
         if any(eos in row for row in rows):
             fail("a row contains EOS: return each row's tokens up to, not including, its first EOS")
-        matching = [message for bug, message in _BEAM_MISTAKES.items()
-                    if rows == _beam_by_hand(model, src, beam, max_len, bos, eos, alpha, bug)]
+        matching = [message for bug, message in _BEAM_MISTAKES.items() if rows == mistakes[bug]]
         if matching:  # on a small model two mistakes can give the same output: name them all
             fail(matching[0] if len(matching) == 1 else "your output is what either of these mistakes gives: "
                  + "; or ".join(matching))
-        if beam > 1 and rows == _greedy_by_hand(model, src, max_len, bos, eos):
+        if beam > 1 and rows == mistakes["greedy"]:
             fail(f"your beam search returns the greedy answer: keep the {beam} best prefixes at each step "
                  "(top-k over every beam × token), not only the best one")
         r = wrong[0]
@@ -969,9 +1108,9 @@ def _judge_beam_one(inputs: dict, outputs: dict) -> None:
     src, max_len, bos, eos = _decode_args(inputs)
     rows = _rows_of(outputs["out"], src.shape[0])
     model = _lookup(inputs)
+    expected = _greedy_rows(inputs)["expected"]
     if not all(_is_greedy(model, src, r, row, max_len, bos, eos) for r, row in enumerate(rows)):
-        fail(f"with beam_size=1 beam search must equal greedy decoding: expected "
-             f"{_greedy_by_hand(model, src, max_len, bos, eos)}, got {rows}")
+        fail(f"with beam_size=1 beam search must equal greedy decoding: expected {expected}, got {rows}")
 
 
 CHECKS: dict[str, Check] = {
@@ -980,16 +1119,15 @@ CHECKS: dict[str, Check] = {
         visible=(
             Case("labels are the decoder input shifted left by one (padded rows of different lengths)",
                  lambda g: _tf_inputs(g, default_ids=False), "call", _judge_tf),
+            Case("each stated ValueError rule in turn (tgt's shape and dtype, the ids, BOS/EOS in tgt, right "
+                 "padding)", _tf_bad_inputs, "call_each", _judge_tf_bad),
         ),
         hidden=(
             Case("the data set's ids (bos 1, eos 2, pad 0)", _tf_inputs, "call", _judge_tf),
             Case("a row without tokens", lambda g: _tf_inputs(g, default_ids=False, empty_row=True), "call", _judge_tf),
             Case("no padding at all", lambda g: _tf_inputs(g, no_padding=True), "call", _judge_tf),
-            Case("a left-padded target is refused", _tf_left_padded_inputs, "call_or_error",
-                 lambda i, o: _expect_value_error(o["error"], ("tgt",), "a row has real tokens after a pad_id "
-                                                  "(tgt must be right-padded)")),
-            Case("bos_id, eos_id and pad_id must differ", _tf_same_ids_inputs, "call_or_error",
-                 lambda i, o: _expect_value_error(o["error"], ("bos_id", "eos_id"), "bos_id and eos_id are the same")),
+            Case("every ValueError rule again, other ids and other ways to break it",
+                 lambda g: _tf_bad_inputs(g, other=True), "call_each", _judge_tf_bad),
         ),
     ),
     "DecoderLayer": Check(
@@ -1026,10 +1164,12 @@ CHECKS: dict[str, Check] = {
             Case("warm-up then decay, d_model 512 and warmup 4000 (peak ≈ 7.0e-4)",
                  lambda g: _noam_inputs(g, paper=True), "call_each", _judge_noam),
             Case("other sizes and factors, step 0 included", _noam_inputs, "call_each", _judge_noam),
+            Case("each stated ValueError rule in turn (step, then the given _check_noam_args)", _noam_bad_inputs,
+                 "call_each", _judge_noam_bad),
         ),
         hidden=(
             Case("more sizes and factors", _noam_inputs, "call_each", _judge_noam),
-            Case("a negative step, d_model 0 or warmup 0 are refused", _noam_bad_inputs, "call_each",
+            Case("every ValueError rule again, other values", lambda g: _noam_bad_inputs(g, other=True), "call_each",
                  _judge_noam_bad),
         ),
     ),
@@ -1055,6 +1195,8 @@ CHECKS: dict[str, Check] = {
             Case("equals F.cross_entropy(label_smoothing=ε, ignore_index=pad) on a padded batch", _ls_inputs, "call",
                  _judge_ls),
             Case("large logits give a finite loss", lambda g: _ls_inputs(g, scale=60.0), "call", _judge_ls),
+            Case("each stated ValueError rule in turn (epsilon, the shapes, the target's dtype and ids)",
+                 _ls_bad_inputs, "call_each", _judge_ls_bad),
         ),
         hidden=(
             Case("no ignore_index", lambda g: _ls_inputs(g, ignore=False), "call", _judge_ls),
@@ -1062,7 +1204,8 @@ CHECKS: dict[str, Check] = {
             Case("epsilon 1 is the uniform target", lambda g: _ls_inputs(g, epsilon=1.0), "call", _judge_ls),
             Case("(N, vocab) logits", lambda g: _ls_inputs(g, flat=True), "call", _judge_ls),
             Case("gradient equals F.cross_entropy's", _ls_grad_inputs, "call_with_grad", _judge_ls_grad),
-            Case("bad epsilon or shapes are refused", _ls_bad_inputs, "call_each", _judge_ls_bad),
+            Case("every ValueError rule again, other values", lambda g: _ls_bad_inputs(g, other=True), "call_each",
+                 _judge_ls_bad),
         ),
         # PyTorch's own cross-entropy (label_smoothing=...) and the NLL loss under it.
         forbidden=("cross_entropy*", "nll_loss*"),

@@ -17,15 +17,12 @@ from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
 ref = core.reference("solutions.positional")  # in a student edition: replayed from a recording
 
 
-# The reference, on case inputs only (recorded for the student edition).
+# The reference, and the known mistakes one edit away from it, on case inputs only. Each is a function of the
+# inputs marked @core.recorded and called on the visible cases' pass path too (before the early return), so that a
+# student edition, which withholds chapter 3's answers, replays the results and holds no code that computes them.
 @core.recorded
 def _ref_sinusoid(seq_len: int, d_model: int) -> torch.Tensor:
     return ref.sinusoidal_encoding(seq_len, d_model).double()
-
-
-@core.recorded
-def _rope_angles(seq_len: int, d_head: int, start_pos: int, base: float) -> torch.Tensor:
-    return ref.rope_angles(seq_len, d_head, start_pos, base)
 
 
 @core.recorded
@@ -43,6 +40,94 @@ def _ref_bias(heads: int, seq_q: int, seq_k: int) -> torch.Tensor:
     return ref.alibi_bias(heads, seq_q, seq_k).double()
 
 
+def _stack(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> dict:
+    """Same-shaped tensors as names and one stacked tensor: the recording then holds one tensor per call."""
+    return {"names": list(tensors), "values": torch.stack([t.to(dtype or t.dtype) for t in tensors.values()])}
+
+
+def _unstack(stacked: dict) -> dict[str, torch.Tensor]:
+    return dict(zip(stacked["names"], stacked["values"]))
+
+
+def _sinusoid_variant(seq_len: int, d_model: int, *, swap=False, exponent=2.0, base=10000.0, first=0) -> torch.Tensor:
+    """The encoding with one of the usual mistakes (exponent 2 is the correct 2i/d); only for _sinusoid_mistakes."""
+    position = torch.arange(first, first + seq_len, dtype=torch.float64)[:, None]
+    i = torch.arange(0, (d_model + 1) // 2, dtype=torch.float64)
+    angle = position / base ** (exponent * i / d_model)
+    first_fn, second_fn = (torch.cos, torch.sin) if swap else (torch.sin, torch.cos)
+    pe = torch.zeros(seq_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = first_fn(angle)
+    pe[:, 1::2] = second_fn(angle[:, : d_model // 2])
+    return pe
+
+
+@core.recorded
+def _sinusoid_mistakes(seq_len: int, d_model: int) -> dict:
+    """The output of each mistake of _SINUSOID_MISTAKES (stacked)."""
+    right = _sinusoid_variant(seq_len, d_model)
+    return _stack({"swap": _sinusoid_variant(seq_len, d_model, swap=True),
+            "exponent": _sinusoid_variant(seq_len, d_model, exponent=1.0),
+            "base": _sinusoid_variant(seq_len, d_model, base=1000.0),
+            "first": _sinusoid_variant(seq_len, d_model, first=1),
+            "concatenated": torch.cat([right[:, 0::2], right[:, 1::2]], dim=-1)})
+
+
+@core.recorded
+def _learned_outputs(x: torch.Tensor, weight: torch.Tensor, start_pos: int) -> dict:
+    """The right output ("expected") and each mistake of _LEARNED_MISTAKES that these sizes allow (stacked)."""
+    seq = x.shape[1]
+    outputs = {"expected": x + weight[start_pos : start_pos + seq], "start_ignored": x + weight[:seq],
+               "alone": weight[start_pos : start_pos + seq].expand_as(x)}
+    if start_pos + seq + 1 <= weight.shape[0]:
+        outputs["off_by_one"] = x + weight[start_pos + 1 : start_pos + seq + 1]
+    return _stack(outputs)
+
+
+def _rope_variant(x: torch.Tensor, start_pos: int, base: float, *, sign: float = 1.0, halves: bool = False):
+    """The rotation with one of the usual mistakes; only for _rope_mistakes."""
+    angle = sign * ref.rope_angles(x.shape[-2], x.shape[-1], start_pos, base)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    if halves:
+        a, b = x.chunk(2, dim=-1)
+    else:
+        a, b = x[..., 0::2], x[..., 1::2]
+    ra, rb = a * cos - b * sin, a * sin + b * cos
+    if halves:
+        return torch.cat((ra, rb), dim=-1)
+    return torch.stack((ra, rb), dim=-1).flatten(-2)
+
+
+@core.recorded
+def _rope_mistakes(x: torch.Tensor, start_pos: int, base: float) -> dict:
+    """The output of each mistake of _ROPE_MISTAKES and _ROPE_COMPLEX_MISTAKES (stacked, in float32: they only
+    name a wrong answer, compared with rtol 1e-4, and float64 would double the recording)."""
+    right = _rope_variant(x, start_pos, base)
+    return _stack({"transposed": _rope_variant(x, start_pos, base, sign=-1.0),
+            "halves": _rope_variant(x, start_pos, base, halves=True),
+            "start_ignored": _rope_variant(x, 0, base),
+            "base_ignored": _rope_variant(x, start_pos, 10000.0),
+            "exponent": _rope_variant(x, start_pos, base ** 0.5),
+            "concatenated": torch.cat([right[..., 0::2], right[..., 1::2]], dim=-1)}, torch.float32)
+
+
+@core.recorded
+def _slopes_mistakes(n: int) -> dict:
+    """The output of each mistake of _slopes_hints (stacked)."""
+    right, start = ref.alibi_slopes(n).double(), 2.0 ** (-8.0 / n)
+    return _stack({"negative": -right, "naive": torch.tensor([start ** (i + 1) for i in range(n)],
+                                                             dtype=torch.float64), "reversed": right.flip(0)})
+
+
+@core.recorded
+def _bias_mistakes(heads: int, seq_q: int, seq_k: int) -> dict:
+    """The output of each mistake of _BIAS_MISTAKES (stacked)."""
+    slopes = ref.alibi_slopes(heads).double()[:, None, None]
+    query, key = torch.arange(seq_q)[:, None], torch.arange(seq_k)[None, :]
+    return _stack({"positive": slopes * (query + (seq_k - seq_q) - key).abs(),
+                   "start_aligned": -slopes * (query - key).abs(),
+                   "signed": -slopes * (query + (seq_k - seq_q) - key).double()})
+
+
 def _randint(gen: torch.Generator, low: int, high: int) -> int:
     """An int in [low, high], drawn from ``gen``."""
     return int(torch.randint(low, high + 1, (), generator=gen))
@@ -56,10 +141,10 @@ def _matches(actual: Any, candidate: torch.Tensor, atol: float = 1e-5) -> bool:
     )
 
 
-def _diagnose(actual: Any, mistakes: list[tuple[str, torch.Tensor]], atol: float = 1e-5) -> None:
-    """Fail with the hint of the first known mistake that ``actual`` reproduces."""
-    for hint, candidate in mistakes:
-        if _matches(actual, candidate, atol):
+def _diagnose(actual: Any, hints: dict[str, str], mistakes: dict[str, torch.Tensor], atol: float = 1e-5) -> None:
+    """Fail with the hint of the first known mistake (in the order of ``hints``) that ``actual`` reproduces."""
+    for key, hint in hints.items():
+        if key in mistakes and _matches(actual, mistakes[key], atol):
             fail(hint)
 
 
@@ -69,46 +154,44 @@ def _no_error(outputs: dict) -> None:
         fail(f"your code raised {got.get('type')}: {got.get('message')}")
 
 
-def _bad_inputs(function: str, *choices: tuple[tuple, dict, str]):
-    """One of ``choices`` ((args, kwargs, the argument the ValueError must name)), drawn from ``gen``;
-    a tensor argument is given as a shape and drawn too."""
+def _bad_inputs(function: str, *rules: tuple[str, tuple, dict, str]):
+    """Every rule of ``rules`` in turn, one call each: (the rule in words, args, kwargs, the argument the
+    ValueError must name); a tensor argument is given as a shape and drawn from ``gen``."""
 
     def inputs(gen: torch.Generator) -> dict:
-        args, kwargs, argument = choices[_randint(gen, 0, len(choices) - 1)]
-        args = tuple(torch.randn(*a, generator=gen) if isinstance(a, list) else a for a in args)
-        shown = ", ".join([f"x of shape {tuple(a.shape)}" if isinstance(a, torch.Tensor) else repr(a) for a in args]
-                          + [f"{k}={v!r}" for k, v in kwargs.items()])
-        return {"args": args, "kwargs": kwargs, "argument": argument, "call": f"{function}({shown})"}
+        calls, expected = [], []
+        for rule, args, kwargs, argument in rules:
+            args = tuple(torch.randn(*a, generator=gen) if isinstance(a, list) else a for a in args)
+            shown = ", ".join([f"x of shape {tuple(a.shape)}" if isinstance(a, torch.Tensor) else repr(a) for a in args]
+                              + [f"{k}={v!r}" for k, v in kwargs.items()])
+            calls.append((args, kwargs))
+            expected.append({"rule": rule, "argument": argument, "call": f"{function}({shown})"})
+        return {"calls": calls, "expected": expected}
 
     return inputs
 
 
 def _judge_value_error(inputs: dict, outputs: dict) -> None:
     """The call must raise ValueError, and its message must name ``inputs["argument"]``."""
-    call, argument, got = inputs["call"], inputs["argument"], outputs.get("error")
+    call, argument, rule, got = inputs["call"], inputs["argument"], inputs["rule"], outputs.get("error")
     if got is None:
-        fail(f"{call} must raise ValueError naming {argument}, but your code returned a result: check the "
-             "argument first and say what to pass instead")
+        fail(f"{call} must raise ValueError naming {argument} ({rule}), but your code returned a result: check "
+             "the argument first and say what to pass instead")
     if got.get("type") != "ValueError":
-        fail(f"{call} must raise ValueError naming {argument}; your code raised {got.get('type')}: "
+        fail(f"{call} must raise ValueError naming {argument} ({rule}); your code raised {got.get('type')}: "
              f"{got.get('message')}")
     if argument not in got.get("message", ""):
-        fail(f"{call}: your ValueError should name {argument} and say what to pass; it said {got.get('message')!r}")
+        fail(f"{call}: your ValueError should name {argument} ({rule}) and say what to pass; it said "
+             f"{got.get('message')!r}")
+
+
+def _judge_value_errors(inputs: dict, outputs: dict) -> None:
+    """Every call of :func:`_bad_inputs` must raise its ValueError; the first that does not decides the hint."""
+    for expected, result in zip(inputs["expected"], outputs["results"], strict=True):
+        _judge_value_error(expected, result)
 
 
 # --- sinusoidal_encoding ---
-
-
-def _sinusoid_variant(seq_len: int, d_model: int, *, swap=False, exponent=2.0, base=10000.0, first=0) -> torch.Tensor:
-    """The encoding with one of the usual mistakes, for diagnosis (exponent 2 is the correct 2i/d)."""
-    position = torch.arange(first, first + seq_len, dtype=torch.float64)[:, None]
-    i = torch.arange(0, (d_model + 1) // 2, dtype=torch.float64)
-    angle = position / base ** (exponent * i / d_model)
-    first_fn, second_fn = (torch.cos, torch.sin) if swap else (torch.sin, torch.cos)
-    pe = torch.zeros(seq_len, d_model, dtype=torch.float64)
-    pe[:, 0::2] = first_fn(angle)
-    pe[:, 1::2] = second_fn(angle[:, : d_model // 2])
-    return pe
 
 
 def _sinusoid_inputs(seq_range: tuple[int, int], d_range: tuple[int, int], odd: bool = False):
@@ -120,24 +203,24 @@ def _sinusoid_inputs(seq_range: tuple[int, int], d_range: tuple[int, int], odd: 
     return inputs
 
 
+_SINUSOID_MISTAKES = {
+    "swap": "sin and cos are swapped: even columns 2i are sin, odd columns 2i+1 are cos (row 0 must be 0, 1, 0, 1, "
+    "...)",
+    "exponent": "the exponent is i/d instead of 2i/d: pair i (columns 2i and 2i+1) uses 10000^(2i/d_model)",
+    "base": "the base must be 10000 (you used 1000)",
+    "first": "positions start at 0, not 1: row 0 is the encoding of position 0 (sin 0 = 0, cos 0 = 1)",
+    "concatenated": "the columns are not interleaved: put sin in the even columns 0, 2, 4, ... and cos in the odd "
+    "columns, not all sines first and then all cosines",
+}
+
+
 def _judge_sinusoid(inputs: dict, outputs: dict) -> None:
     seq_len, d_model = inputs["args"]
     out = outputs["out"]
-    expected = _ref_sinusoid(seq_len, d_model)
+    expected, mistakes = _ref_sinusoid(seq_len, d_model), _unstack(_sinusoid_mistakes(seq_len, d_model))
     if _matches(out, expected):
         return
-    _diagnose(out, [
-        ("sin and cos are swapped: even columns 2i are sin, odd columns 2i+1 are cos (row 0 must be 0, 1, 0, 1, ...)",
-         _sinusoid_variant(seq_len, d_model, swap=True)),
-        ("the exponent is i/d instead of 2i/d: pair i (columns 2i and 2i+1) uses 10000^(2i/d_model)",
-         _sinusoid_variant(seq_len, d_model, exponent=1.0)),
-        ("the base must be 10000 (you used 1000)", _sinusoid_variant(seq_len, d_model, base=1000.0)),
-        ("positions start at 0, not 1: row 0 is the encoding of position 0 (sin 0 = 0, cos 0 = 1)",
-         _sinusoid_variant(seq_len, d_model, first=1)),
-        ("the columns are not interleaved: put sin in the even columns 0, 2, 4, ... and cos in the odd columns, "
-         "not all sines first and then all cosines",
-         torch.cat([expected[:, 0::2], expected[:, 1::2]], dim=-1)),
-    ])
+    _diagnose(out, _SINUSOID_MISTAKES, mistakes)
     expect_close(out, expected, "PE[p, 2i] = sin(p / 10000^(2i/d_model)), PE[p, 2i+1] = cos(p / 10000^(2i/d_model))",
                  atol=1e-5)
 
@@ -193,40 +276,42 @@ def _learned_inputs(start: str, *, batch_max: int = 3):
     return inputs
 
 
+_LEARNED_MISTAKES = {
+    "start_ignored": "start_pos is ignored: the tokens sit at positions start_pos … start_pos + seq - 1, not 0 … "
+    "seq - 1",
+    "alone": "return x PLUS the position vectors, not the position vectors alone",
+    "off_by_one": "the positions are off by one: the first token is at position start_pos",
+}
+
+
 def _judge_learned(inputs: dict, outputs: dict) -> None:
     _no_error(outputs)
     (x,), start_pos = inputs["args"], inputs["kwargs"]["start_pos"]
-    weight = inputs["state"]["embedding.weight"]
-    seq = x.shape[1]
-    expected = x + weight[start_pos : start_pos + seq]
-    out = outputs["out"]
+    outputs_of = _unstack(_learned_outputs(x, inputs["state"]["embedding.weight"], start_pos))
+    expected, out = outputs_of["expected"], outputs["out"]
     if _matches(out, expected):
         return
-    mistakes = [
-        ("x is returned unchanged: add the position vectors embedding(positions)", x),
-        ("start_pos is ignored: the tokens sit at positions start_pos … start_pos + seq - 1, not 0 … seq - 1",
-         x + weight[:seq]),
-        ("return x PLUS the position vectors, not the position vectors alone",
-         weight[start_pos : start_pos + seq].expand_as(x)),
-    ]
-    if start_pos + seq + 1 <= weight.shape[0]:
-        mistakes.append(("the positions are off by one: the first token is at position start_pos",
-                         x + weight[start_pos + 1 : start_pos + seq + 1]))
-    _diagnose(out, mistakes)
+    if _matches(out, x):
+        fail("x is returned unchanged: add the position vectors embedding(positions)")
+    _diagnose(out, _LEARNED_MISTAKES, outputs_of)
     expect_close(out, expected, "the output must be x + embedding(positions start_pos … start_pos + seq - 1)")
 
 
-def _learned_bad_inputs(gen: torch.Generator) -> dict:
-    """x that is not (batch, seq, d_model), or a negative start_pos: ValueError naming x / start_pos."""
-    max_len, d_model = _randint(gen, 8, 16), _randint(gen, 2, 6)
-    weight = torch.randn(max_len, d_model, generator=gen)
-    if _randint(gen, 0, 1):
-        x, start_pos, argument = torch.randn(3, d_model, generator=gen), 0, "x"
-    else:
-        x, start_pos, argument = torch.randn(1, 3, d_model, generator=gen), -_randint(gen, 1, 3), "start_pos"
-    return {"init_args": (max_len, d_model), "state": {"embedding.weight": weight}, "args": (x,),
-            "kwargs": {"start_pos": start_pos}, "argument": argument,
-            "call": f"forward(x of shape {tuple(x.shape)}, start_pos={start_pos})"}
+def _learned_bad_inputs(rule: str, argument: str, *, shape: Any = lambda d_model: (1, 3, d_model),
+                        start_pos: int | float | str = 0):
+    """A forward call that breaks one rule: x of ``shape(d_model)`` at ``start_pos`` ("negative": drawn below 0);
+    the ValueError must name ``argument``."""
+
+    def inputs(gen: torch.Generator) -> dict:
+        max_len, d_model = _randint(gen, 8, 16), _randint(gen, 2, 6)
+        weight = torch.randn(max_len, d_model, generator=gen)
+        x = torch.randn(*shape(d_model), generator=gen)
+        start = -_randint(gen, 1, 3) if start_pos == "negative" else start_pos
+        return {"init_args": (max_len, d_model), "state": {"embedding.weight": weight}, "args": (x,),
+                "kwargs": {"start_pos": start}, "argument": argument, "rule": rule,
+                "call": f"forward(x of shape {tuple(x.shape)}, start_pos={start!r}) with d_model={d_model}"}
+
+    return inputs
 
 
 def _judge_learned_past(inputs: dict, outputs: dict) -> None:
@@ -248,25 +333,6 @@ def _judge_learned_past(inputs: dict, outputs: dict) -> None:
 # --- apply_rope ---
 
 
-def _rope_variant(x: torch.Tensor, start_pos: int, base: float, *, sign: float = 1.0, halves: bool = False):
-    angle = sign * _rope_angles(x.shape[-2], x.shape[-1], start_pos, base)
-    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
-    if halves:
-        a, b = x.chunk(2, dim=-1)
-    else:
-        a, b = x[..., 0::2], x[..., 1::2]
-    ra, rb = a * cos - b * sin, a * sin + b * cos
-    if halves:
-        return torch.cat((ra, rb), dim=-1)
-    return torch.stack((ra, rb), dim=-1).flatten(-2)
-
-
-def _rope_variant_angles(x: torch.Tensor, start_pos: int, base: float) -> None:
-    """Every angle table the mistakes below use, asked for up front (so that a student edition has them all)."""
-    for s, b in ((start_pos, base), (0, base), (start_pos, 10000.0), (start_pos, base ** 0.5)):
-        _rope_angles(x.shape[-2], x.shape[-1], s, b)
-
-
 def _rope_inputs(*, start: bool, base: bool = False, dtype=torch.float32, long: bool = False):
     def inputs(gen: torch.Generator) -> dict:
         seq = _randint(gen, 40, 80) if long else _randint(gen, 3, 9)
@@ -282,12 +348,22 @@ def _rope_inputs(*, start: bool, base: bool = False, dtype=torch.float32, long: 
     return inputs
 
 
+_ROPE_MISTAKES = {
+    "transposed": "you rotate the wrong way (the transpose): the rotated pair is (a·cos θ - b·sin θ, "
+    "a·sin θ + b·cos θ)",
+    "halves": "you rotate the two halves (x[i], x[i + d/2]) together; this chapter's convention rotates interleaved "
+    "pairs (x[2i], x[2i+1]) — mixing the two conventions between a model's q and k breaks RoPE",
+    "start_ignored": "start_pos is ignored: the tokens sit at positions start_pos … start_pos + seq - 1",
+    "base_ignored": "the frequencies ignore base: θ_i = base^(-2i/d_head)",
+    "exponent": "the exponent is i/d instead of 2i/d: pair i turns at base^(-2i/d_head) radians per position",
+}
+
+
 def _judge_rope(inputs: dict, outputs: dict) -> None:
     (x,) = inputs["args"]
     start_pos, base = inputs["kwargs"].get("start_pos", 0), inputs["kwargs"].get("base", 10000.0)
     out = outputs["out"]
-    expected = _ref_rope(x, start_pos, base)
-    _rope_variant_angles(x, start_pos, base)
+    expected, mistakes = _ref_rope(x, start_pos, base), _unstack(_rope_mistakes(x, start_pos, base))
     atol = 1e-5 if x.dtype == torch.float32 else 1e-10
     if _matches(out, expected, atol):
         return
@@ -296,18 +372,7 @@ def _judge_rope(inputs: dict, outputs: dict) -> None:
         if not torch.allclose(norms, x.norm(dim=-1), atol=1e-4 if x.dtype == torch.float32 else 1e-10, rtol=1e-4):
             fail("a rotation preserves the norm of every (batch, head, position) vector, yours does not: "
                  "rotate each pair (x[2i], x[2i+1]) as (a·cos - b·sin, a·sin + b·cos)")
-    _diagnose(out, [
-        ("you rotate the wrong way (the transpose): the rotated pair is (a·cos θ - b·sin θ, a·sin θ + b·cos θ)",
-         _rope_variant(x, start_pos, base, sign=-1.0)),
-        ("you rotate the two halves (x[i], x[i + d/2]) together; this chapter's convention rotates interleaved "
-         "pairs (x[2i], x[2i+1]) — mixing the two conventions between a model's q and k breaks RoPE",
-         _rope_variant(x, start_pos, base, halves=True)),
-        ("start_pos is ignored: the tokens sit at positions start_pos … start_pos + seq - 1",
-         _rope_variant(x, 0, base)),
-        ("the frequencies ignore base: θ_i = base^(-2i/d_head)", _rope_variant(x, start_pos, 10000.0)),
-        ("the exponent is i/d instead of 2i/d: pair i turns at base^(-2i/d_head) radians per position",
-         _rope_variant(x, start_pos, base ** 0.5)),
-    ], atol)
+    _diagnose(out, _ROPE_MISTAKES, mistakes, atol)
     expect_close(out, expected, "rotate pair (x[2i], x[2i+1]) at position p by the angle p · base^(-2i/d_head)",
                  atol=atol)
 
@@ -335,12 +400,23 @@ def _judge_rope_relative(inputs: dict, outputs: dict) -> None:
 # --- apply_rope_complex ---
 
 
+_ROPE_COMPLEX_MISTAKES = {
+    "transposed": "you multiply by e^(-iθ) (the conjugate): the rotation by +θ is the product with e^(+iθ) = "
+    "cos θ + i·sin θ",
+    "halves": "your complex numbers pair x[i] with x[i + d/2] (the halves); here a pair is two neighbours, "
+    "x[2i] + i·x[2i+1]: reshape the last axis to (d_head/2, 2) before torch.view_as_complex",
+    "start_ignored": "start_pos is ignored: the angles are those of positions start_pos … start_pos + seq - 1",
+    "concatenated": "the real and imaginary parts are not interleaved back: torch.view_as_real gives (..., d_head/2, "
+    "2), flatten those two axes, do not concatenate all real parts then all imaginary parts",
+}
+
+
 def _judge_rope_complex(inputs: dict, outputs: dict) -> None:
     (x,) = inputs["args"]
     start_pos, base = inputs["kwargs"].get("start_pos", 0), inputs["kwargs"].get("base", 10000.0)
     out = outputs["out"]
-    _rope_variant_angles(x, start_pos, base)
-    expected = _rope_variant(x.double(), start_pos, base)  # the pairwise rotation, written with cos and sin
+    # the pairwise rotation (the other exercise), in float64
+    expected, mistakes = _ref_rope(x.double(), start_pos, base), _unstack(_rope_mistakes(x.double(), start_pos, base))
     atol = 1e-5 if x.dtype == torch.float32 else 1e-10
     if isinstance(out, torch.Tensor) and out.shape == x.shape and out.dtype != x.dtype:
         fail(f"return the dtype of x ({x.dtype}), not {out.dtype}: convert back after torch.view_as_real")
@@ -349,28 +425,12 @@ def _judge_rope_complex(inputs: dict, outputs: dict) -> None:
             fail("a float64 x lost precision: its pairs must become complex128 numbers (torch.view_as_complex of "
                  "the float64 tensor, and e^(iθ) in complex128), not complex64")
         return
-    _diagnose(out, [
-        ("you multiply by e^(-iθ) (the conjugate): the rotation by +θ is the product with e^(+iθ) = cos θ + i·sin θ",
-         _rope_variant(x.double(), start_pos, base, sign=-1.0)),
-        ("your complex numbers pair x[i] with x[i + d/2] (the halves); here a pair is two neighbours, "
-         "x[2i] + i·x[2i+1]: reshape the last axis to (d_head/2, 2) before torch.view_as_complex",
-         _rope_variant(x.double(), start_pos, base, halves=True)),
-        ("start_pos is ignored: the angles are those of positions start_pos … start_pos + seq - 1",
-         _rope_variant(x.double(), 0, base)),
-        ("the real and imaginary parts are not interleaved back: torch.view_as_real gives (..., d_head/2, 2), "
-         "flatten those two axes, do not concatenate all real parts then all imaginary parts",
-         torch.cat([expected[..., 0::2], expected[..., 1::2]], dim=-1)),
-    ], atol)
+    _diagnose(out, _ROPE_COMPLEX_MISTAKES, mistakes, atol)
     expect_close(out, expected, "the complex product must equal the pairwise rotation: (a + ib)·e^(iθ) = "
                  "(a·cos θ - b·sin θ) + i·(a·sin θ + b·cos θ)", atol=atol)
 
 
 # --- alibi_slopes ---
-
-
-def _naive_slopes(n: int) -> torch.Tensor:
-    start = 2.0 ** (-8.0 / n)
-    return torch.tensor([start ** (i + 1) for i in range(n)], dtype=torch.float64)
 
 
 def _slopes_inputs(choices: tuple[int, ...]):
@@ -380,19 +440,22 @@ def _slopes_inputs(choices: tuple[int, ...]):
     return inputs
 
 
+def _slopes_hints(n: int) -> dict[str, str]:
+    return {
+        "negative": "slopes must be positive (the bias is -slope · distance)",
+        "naive": f"for n_heads={n}, not a power of two, the paper does not use 2^(-8/n): take the slopes of the power "
+        "of two below n, then every other slope (0, 2, 4, ...) of the next power of two until you have n",
+        "reversed": "the slopes are in reverse order: head 0 has the largest slope 2^(-8/n)",
+    }
+
+
 def _judge_slopes(inputs: dict, outputs: dict) -> None:
     (n,) = inputs["args"]
     out = outputs["out"]
-    expected = _ref_slopes(n)
+    expected, mistakes = _ref_slopes(n), _unstack(_slopes_mistakes(n))
     if _matches(out, expected, 1e-7):
         return
-    _diagnose(out, [
-        ("slopes must be positive (the bias is -slope · distance)", -expected),
-        (f"for n_heads={n}, not a power of two, the paper does not use 2^(-8/n): take the slopes of the power of "
-         "two below n, then every other slope (0, 2, 4, ...) of the next power of two until you have n",
-         _naive_slopes(n)),
-        ("the slopes are in reverse order: head 0 has the largest slope 2^(-8/n)", expected.flip(0)),
-    ], 1e-7)
+    _diagnose(out, _slopes_hints(n), mistakes, 1e-7)
     expect_close(out, expected, f"for n_heads={n} (a power of two) the slopes are 2^(-8/n), 2^(-16/n), …, 2^(-8)"
                  if n & (n - 1) == 0 else f"wrong slopes for n_heads={n}", atol=1e-7)
 
@@ -410,21 +473,21 @@ def _bias_inputs(*, square: bool, power_of_two: bool = True):
     return inputs
 
 
+_BIAS_MISTAKES = {
+    "positive": "the bias must be a penalty: -slope · distance (≤ 0, 0 on the diagonal), yours is positive",
+    "start_aligned": "the queries are not end-aligned: with seq_q < seq_k the last query sits at key position "
+    "seq_k - 1 (query i is at position i + seq_k - seq_q, as in causal_mask)",
+    "signed": "use the distance |i - j|, not the signed difference",
+}
+
+
 def _judge_bias(inputs: dict, outputs: dict) -> None:
     heads, seq_q, seq_k = inputs["args"]
     out = outputs["out"]
-    expected = _ref_bias(heads, seq_q, seq_k)
-    slopes = _ref_slopes(heads)[:, None, None]
+    expected, mistakes = _ref_bias(heads, seq_q, seq_k), _unstack(_bias_mistakes(heads, seq_q, seq_k))
     if _matches(out, expected, 1e-6):
         return
-    start_aligned = -slopes * (torch.arange(seq_q)[:, None] - torch.arange(seq_k)[None, :]).abs()
-    _diagnose(out, [
-        ("the bias must be a penalty: -slope · distance (≤ 0, 0 on the diagonal), yours is positive", -expected),
-        ("the queries are not end-aligned: with seq_q < seq_k the last query sits at key position seq_k - 1 "
-         "(query i is at position i + seq_k - seq_q, as in causal_mask)", start_aligned),
-        ("use the distance |i - j|, not the signed difference", -slopes * (
-            torch.arange(seq_q)[:, None] + (seq_k - seq_q) - torch.arange(seq_k)[None, :]).double()),
-    ], 1e-6)
+    _diagnose(out, _BIAS_MISTAKES, mistakes, 1e-6)
     expect_close(out, expected, "bias[h, i, j] = -slope_h · |i + (seq_k - seq_q) - j| with slope_h = alibi_slopes(n_heads)[h] "
                  "(if your alibi_slopes fails its check, fix it first)", atol=1e-6)
 
@@ -442,17 +505,20 @@ CHECKS: dict[str, Check] = {
             Case("matches the formula", _sinusoid_inputs((4, 12), (4, 16)), "call", _judge_sinusoid),
             Case("odd d_model: the last column is a sine", _sinusoid_inputs((3, 10), (4, 12), odd=True), "call",
                  _judge_sinusoid),
-            Case("a negative seq_len or d_model < 1 raises ValueError",
-                 _bad_inputs("sinusoidal_encoding", ((-3, 8), {}, "seq_len"), ((5, 0), {}, "d_model")),
-                 "call_or_error", _judge_value_error),
+            Case("seq_len not a non-negative int, or d_model < 1, raises ValueError (each rule in turn)",
+                 _bad_inputs("sinusoidal_encoding", ("seq_len is negative", (-3, 8), {}, "seq_len"),
+                             ("seq_len is not an int", (2.5, 4), {}, "seq_len"),
+                             ("d_model is below 1", (5, 0), {}, "d_model")),
+                 "call_each", _judge_value_errors),
         ),
         hidden=(
             Case("long sequences", _sinusoid_inputs((200, 400), (32, 64)), "call", _judge_sinusoid),
             Case("PE(p + k) is a rotation of PE(p)", _sinusoid_shift_inputs, "call", _judge_sinusoid_shift),
-            Case("more bad arguments raise ValueError",
-                 _bad_inputs("sinusoidal_encoding", ((-1, 4), {}, "seq_len"), ((4, -2), {}, "d_model"),
-                             ((2.5, 4), {}, "seq_len")),
-                 "call_or_error", _judge_value_error),
+            Case("other bad arguments raise ValueError",
+                 _bad_inputs("sinusoidal_encoding", ("seq_len is negative", (-1, 4), {}, "seq_len"),
+                             ("seq_len is not an int", (4.0, 6), {}, "seq_len"),
+                             ("d_model is below 1", (4, -2), {}, "d_model")),
+                 "call_each", _judge_value_errors),
         ),
     ),
     "LearnedPositionalEmbedding": Check(
@@ -462,11 +528,30 @@ CHECKS: dict[str, Check] = {
             Case("start_pos > 0", _learned_inputs("inside"), _LEARNED, _judge_learned),
             Case("ending exactly at max_len is allowed", _learned_inputs("edge"), _LEARNED, _judge_learned),
             Case("past max_len raises ValueError", _learned_inputs("past"), _LEARNED, _judge_learned_past),
-            Case("x not (batch, seq, d_model), or start_pos < 0, raises ValueError", _learned_bad_inputs, _LEARNED,
+            Case("a 2-D x raises ValueError naming x",
+                 _learned_bad_inputs("x is not (batch, seq, d_model)", "x", shape=lambda d: (3, d)), _LEARNED,
+                 _judge_value_error),
+            Case("x whose last size is not d_model raises ValueError naming x",
+                 _learned_bad_inputs("x is not (batch, seq, d_model)", "x", shape=lambda d: (2, 3, 1)), _LEARNED,
+                 _judge_value_error),
+            Case("a negative start_pos raises ValueError naming start_pos",
+                 _learned_bad_inputs("start_pos is negative", "start_pos", start_pos="negative"), _LEARNED,
+                 _judge_value_error),
+            Case("a start_pos that is not an int raises ValueError naming start_pos",
+                 _learned_bad_inputs("start_pos is not an int", "start_pos", start_pos=1.5), _LEARNED,
                  _judge_value_error),
         ),
         hidden=(
             Case("start_pos > 0, larger batch", _learned_inputs("inside", batch_max=6), _LEARNED, _judge_learned),
+            Case("a 4-D x raises ValueError naming x",
+                 _learned_bad_inputs("x is not (batch, seq, d_model)", "x", shape=lambda d: (1, 1, 3, d)), _LEARNED,
+                 _judge_value_error),
+            Case("x one wider than d_model raises ValueError naming x",
+                 _learned_bad_inputs("x is not (batch, seq, d_model)", "x", shape=lambda d: (1, 2, d + 1)),
+                 _LEARNED, _judge_value_error),
+            Case("a float start_pos raises ValueError naming start_pos",
+                 _learned_bad_inputs("start_pos is not an int", "start_pos", start_pos=2.0), _LEARNED,
+                 _judge_value_error),
         ),
     ),
     "apply_rope": Check(
@@ -476,12 +561,20 @@ CHECKS: dict[str, Check] = {
             Case("start_pos > 0", _rope_inputs(start=True), "call", _judge_rope),
             Case("another base", _rope_inputs(start=True, base=True), "call", _judge_rope),
             Case("score depends only on m - n", _rope_relative_inputs, "rope_scores", _judge_rope_relative),
-            Case("odd d_head, x not 4-D, or start_pos < 0 raises ValueError",
-                 _bad_inputs("apply_rope", (([1, 2, 3, 5],), {}, "d_head"), (([2, 3, 4],), {}, "x"),
-                             (([1, 1, 3, 4],), {"start_pos": -1}, "start_pos")),
-                 "call_or_error", _judge_value_error),
+            Case("x not 4-D, odd d_head, or start_pos not a non-negative int raises ValueError (each rule in turn)",
+                 _bad_inputs("apply_rope", ("x is not 4-D", ([2, 3, 4],), {}, "x"),
+                             ("d_head is odd", ([1, 2, 3, 5],), {}, "d_head"),
+                             ("start_pos is negative", ([1, 1, 3, 4],), {"start_pos": -1}, "start_pos"),
+                             ("start_pos is not an int", ([1, 1, 3, 4],), {"start_pos": 1.5}, "start_pos")),
+                 "call_each", _judge_value_errors),
         ),
         hidden=(
+            Case("other bad arguments raise ValueError",
+                 _bad_inputs("apply_rope", ("x is not 4-D", ([1, 2, 1, 3, 4],), {}, "x"),
+                             ("d_head is odd", ([2, 1, 4, 7],), {}, "d_head"),
+                             ("start_pos is negative", ([1, 2, 2, 6],), {"start_pos": -5}, "start_pos"),
+                             ("start_pos is not an int", ([1, 1, 2, 4],), {"start_pos": 2.0}, "start_pos")),
+                 "call_each", _judge_value_errors),
             Case("float64, long sequences", _rope_inputs(start=True, dtype=torch.float64, long=True), "call",
                  _judge_rope),
         ),
@@ -508,11 +601,17 @@ CHECKS: dict[str, Check] = {
             Case("8 heads: 1/2, 1/4, …, 1/256", _slopes_inputs((8,)), "call", _judge_slopes),
             Case("powers of two", _slopes_inputs((1, 2, 4, 16, 32)), "call", _judge_slopes),
             Case("6 heads, not a power of two", _slopes_inputs((6,)), "call", _judge_slopes),
-            Case("n_heads < 1 raises ValueError", _bad_inputs("alibi_slopes", ((0,), {}, "n_heads"),
-                                                               ((-4,), {}, "n_heads")),
-                 "call_or_error", _judge_value_error),
+            Case("n_heads not a positive int raises ValueError (0, negative, not an int)",
+                 _bad_inputs("alibi_slopes", ("n_heads is 0", (0,), {}, "n_heads"),
+                             ("n_heads is negative", (-4,), {}, "n_heads"),
+                             ("n_heads is not an int", (2.5,), {}, "n_heads")),
+                 "call_each", _judge_value_errors),
         ),
         hidden=(
+            Case("other head counts that are not positive ints raise ValueError",
+                 _bad_inputs("alibi_slopes", ("n_heads is negative", (-1,), {}, "n_heads"),
+                             ("n_heads is not an int", (4.0,), {}, "n_heads")),
+                 "call_each", _judge_value_errors),
             Case("head counts that are not powers of two", _slopes_inputs((3, 5, 7, 12, 20, 24, 28)), "call",
                  _judge_slopes),
             Case("more non-powers of two", _slopes_inputs((9, 10, 11, 13, 14, 15, 17, 30)), "call", _judge_slopes),
@@ -525,11 +624,18 @@ CHECKS: dict[str, Check] = {
             Case("seq_q < seq_k: end-aligned", _bias_inputs(square=False), "call", _judge_bias),
             Case("head counts that are not powers of two", _bias_inputs(square=True, power_of_two=False), "call",
                  _judge_bias),
-            Case("seq_q or seq_k < 1 raises ValueError", _bad_inputs("alibi_bias", ((4, 0, 3), {}, "seq_q"),
-                                                                      ((4, 2, 0), {}, "seq_k")),
-                 "call_or_error", _judge_value_error),
+            Case("seq_q or seq_k not a positive int raises ValueError (each rule in turn)",
+                 _bad_inputs("alibi_bias", ("seq_q is below 1", (4, 0, 3), {}, "seq_q"),
+                             ("seq_k is below 1", (4, 2, 0), {}, "seq_k"),
+                             ("seq_q is not an int", (4, 1.5, 3), {}, "seq_q"),
+                             ("seq_k is not an int", (2, 2, 3.0), {}, "seq_k")),
+                 "call_each", _judge_value_errors),
         ),
         hidden=(
+            Case("negative sizes raise ValueError",
+                 _bad_inputs("alibi_bias", ("seq_q is below 1", (2, -2, 4), {}, "seq_q"),
+                             ("seq_k is below 1", (8, 1, -1), {}, "seq_k")),
+                 "call_each", _judge_value_errors),
             Case("end-aligned, any head count", _bias_inputs(square=False, power_of_two=False), "call", _judge_bias),
         ),
     ),

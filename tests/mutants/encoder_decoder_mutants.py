@@ -66,6 +66,30 @@ def tf_hardcoded_ids(tgt, bos_id, eos_id, pad_id):
     return decoder_input, labels
 
 
+def _shifted(tgt, bos_id, eos_id, pad_id):
+    lengths, batch = _rows(tgt, pad_id)
+    decoder_input = torch.cat([tgt.new_full((batch, 1), bos_id), tgt], dim=1)
+    labels = torch.cat([tgt, tgt.new_full((batch, 1), pad_id)], dim=1)
+    labels[torch.arange(batch), lengths] = eos_id
+    return decoder_input, labels
+
+
+def teacher_forcing_no_checks(tgt, bos_id, eos_id, pad_id):
+    """The shift without any of the stated checks: a left-padded row gets its EOS in the wrong column."""
+    return _shifted(tgt, bos_id, eos_id, pad_id)
+
+
+def tf_no_right_padding_check(tgt, bos_id, eos_id, pad_id):
+    """Checks tgt's shape and dtype and the ids, not that rows are right-padded."""
+    if tgt.dim() != 2 or tgt.is_floating_point():
+        raise ValueError(f"tgt must be a (batch, seq) tensor of token ids; got {tuple(tgt.shape)}, {tgt.dtype}")
+    if len({bos_id, eos_id, pad_id}) != 3:
+        raise ValueError("bos_id, eos_id and pad_id must differ")
+    if (tgt == bos_id).any() or (tgt == eos_id).any():
+        raise ValueError("tgt must not contain bos_id or eos_id")
+    return _shifted(tgt, bos_id, eos_id, pad_id)
+
+
 # --- DecoderLayer (own copies of the parts on chapter 2's MultiHeadAttention: the same state_dict names) ---
 
 
@@ -198,6 +222,19 @@ def noam_times_adam_lr(step, d_model, warmup, factor=1.0):
     return 1e-3 * _noam_lr(step, d_model, warmup, factor)
 
 
+def noam_lr_no_checks(step, d_model, warmup, factor=1.0):
+    """No step check and no call to the given _check_noam_args: a negative step raises ZeroDivisionError or
+    returns a complex number, factor 0 gives lr 0."""
+    return _noam_lr(step, d_model, warmup, factor)
+
+
+def noam_lr_step_check_only(step, d_model, warmup, factor=1.0):
+    """Checks step, but the given _check_noam_args is never called: d_model 0 raises ZeroDivisionError."""
+    if not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative int; got {step!r}")
+    return _noam_lr(step, d_model, warmup, factor)
+
+
 def scheduler_lr_not_checked(optimizer, d_model, warmup, factor=1.0):
     return LambdaLR(optimizer, lambda step: _noam_lr(step, d_model, warmup, factor))
 
@@ -266,6 +303,48 @@ def ls_smoothed_twice(logits, target, epsilon=0.1, ignore_index=None):
     smoothed = (1.0 - epsilon) * smoothed + epsilon / vocab
     loss = -(smoothed * F.log_softmax(logits, dim=-1)).sum(dim=-1)
     return loss[keep].sum() / keep.sum()
+
+
+def _smoothed_mean(logits, target, epsilon, ignore_index):
+    logits, target, vocab = _flat(logits, target)
+    keep = torch.ones_like(target, dtype=torch.bool) if ignore_index is None else target != ignore_index
+    smoothed = (1.0 - epsilon) * F.one_hot(target.masked_fill(~keep, 0), vocab).to(logits.dtype) + epsilon / vocab
+    loss = -(smoothed * F.log_softmax(logits, dim=-1)).sum(dim=-1)
+    return loss[keep].sum() / keep.sum()
+
+
+def ls_pad_column_excluded(logits, target, epsilon=0.1, ignore_index=None):
+    """ε/(V−1) on every class but the padding column, which gets nothing: smoothing "over the real tokens"."""
+    logits, target, vocab = _flat(logits, target)
+    keep = torch.ones_like(target, dtype=torch.bool) if ignore_index is None else target != ignore_index
+    smoothed = torch.full_like(logits, epsilon / (vocab - 1))
+    if ignore_index is not None:
+        smoothed[:, ignore_index] = 0.0
+    smoothed.scatter_(1, target.masked_fill(~keep, 0)[:, None], 1.0 - epsilon + epsilon / (vocab - 1))
+    loss = -(smoothed * F.log_softmax(logits, dim=-1)).sum(dim=-1)
+    return loss[keep].sum() / keep.sum()
+
+
+def ls_summed(logits, target, epsilon=0.1, ignore_index=None):
+    """The sum over the non-ignored positions instead of their mean (reduction="sum")."""
+    logits, target, vocab = _flat(logits, target)
+    keep = torch.ones_like(target, dtype=torch.bool) if ignore_index is None else target != ignore_index
+    smoothed = (1.0 - epsilon) * F.one_hot(target.masked_fill(~keep, 0), vocab).to(logits.dtype) + epsilon / vocab
+    return -(smoothed * F.log_softmax(logits, dim=-1)).sum(dim=-1)[keep].sum()
+
+
+def label_smoothing_no_checks(logits, target, epsilon=0.1, ignore_index=None):
+    """No argument checks: epsilon=1.5 gives a negative target weight, mismatched shapes are flattened together."""
+    return _smoothed_mean(logits, target, epsilon, ignore_index)
+
+
+def ls_no_target_checks(logits, target, epsilon=0.1, ignore_index=None):
+    """Checks epsilon and the shapes, not the target's dtype or ids: F.one_hot raises a RuntimeError."""
+    if not 0.0 <= epsilon <= 1.0:
+        raise ValueError(f"epsilon must be in [0, 1]; got {epsilon}")
+    if logits.shape[:-1] != target.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not fit target {tuple(target.shape)}")
+    return _smoothed_mean(logits, target, epsilon, ignore_index)
 
 
 # --- greedy_decode / beam_search (with own copies of the helpers) ---
@@ -388,6 +467,12 @@ MUTANTS: list[Mutant] = [
     Mutant("tf_hardcoded_ids", "teacher_forcing",
            "BOS/EOS/PAD hard-coded as 1, 2, 0: a different tokenizer's ids differ between training and decoding",
            tf_hardcoded_ids),
+    Mutant("teacher_forcing_no_checks", "teacher_forcing",
+           "none of the stated ValueError checks: a left-padded or float tgt, equal ids or a BOS in tgt go through",
+           teacher_forcing_no_checks),
+    Mutant("tf_no_right_padding_check", "teacher_forcing",
+           "every check but right padding: a left-padded row silently gets its EOS in the wrong column",
+           tf_no_right_padding_check),
     Mutant("decoder_no_causal_mask", "DecoderLayer",
            "decoder self-attention without the causal mask: changing a future target token changes earlier "
            "outputs; training loss collapses while greedy decoding is garbage", DecoderNoCausalMask),
@@ -415,6 +500,12 @@ MUTANTS: list[Mutant] = [
            "warm-up written as step · warmup^-0.5 instead of step · warmup^-1.5", noam_warmup_exponent),
     Mutant("noam_times_adam_lr", "noam_lr",
            "the Noam rate multiplied by a usual Adam lr of 1e-3: the schedule is 1000× too small", noam_times_adam_lr),
+    Mutant("noam_lr_no_checks", "noam_lr",
+           "no argument checks: a negative step, d_model 0 or factor 0 give an exception from the arithmetic or "
+           "a silent lr", noam_lr_no_checks),
+    Mutant("noam_lr_step_check_only", "noam_lr",
+           "the step is checked but the given _check_noam_args is not called: d_model 0 divides by zero",
+           noam_lr_step_check_only),
     Mutant("scheduler_lr_not_checked", "noam_scheduler",
            "LambdaLR over an optimizer made with lr=1e-3: the schedule is silently multiplied by it",
            scheduler_lr_not_checked),
@@ -433,6 +524,18 @@ MUTANTS: list[Mutant] = [
            "log(softmax(x)) instead of log_softmax: -inf (then inf or nan) for large logits", ls_log_of_softmax),
     Mutant("ls_smoothed_twice", "label_smoothed_cross_entropy",
            "label smoothing applied twice (a smoothed target handed to a loss that smooths again)", ls_smoothed_twice),
+    Mutant("ls_pad_column_excluded", "label_smoothed_cross_entropy",
+           "ε/(V−1) over every class but the padding column, which gets nothing: label smoothing kept off the pad "
+           "column, where this library's (PyTorch's) convention smooths every class", ls_pad_column_excluded),
+    Mutant("ls_summed", "label_smoothed_cross_entropy",
+           "the loss summed over the positions instead of averaged: it grows with the batch and the padding",
+           ls_summed),
+    Mutant("label_smoothing_no_checks", "label_smoothed_cross_entropy",
+           "no argument checks: epsilon=1.5 is used, logits and a target of other shapes are flattened together",
+           label_smoothing_no_checks),
+    Mutant("ls_no_target_checks", "label_smoothed_cross_entropy",
+           "epsilon and shapes checked, the target not: float targets or ids outside the vocabulary give "
+           "F.one_hot's RuntimeError", ls_no_target_checks),
     Mutant("greedy_stops_at_first_eos", "greedy_decode",
            "no per-row EOS stop: the batch loop breaks when the first row emits EOS, truncating the others",
            greedy_stops_at_first_eos),

@@ -90,6 +90,22 @@ def sinusoid_unchecked(seq_len: int, d_model: int) -> torch.Tensor:
     return _sinusoid(seq_len, d_model)
 
 
+def sinusoid_no_d_model_check(seq_len: int, d_model: int) -> torch.Tensor:
+    """Checks seq_len only: d_model=0 returns an empty (seq_len, 0) table without a word."""
+    if not isinstance(seq_len, int) or seq_len < 0:
+        raise ValueError(f"seq_len must be a non-negative int; got {seq_len!r}")
+    return _sinusoid(seq_len, d_model)
+
+
+def sinusoid_sign_check_only(seq_len: int, d_model: int) -> torch.Tensor:
+    """Checks the signs but not that seq_len is an int: 2.5 fails inside torch.zeros with a TypeError."""
+    if seq_len < 0:
+        raise ValueError(f"seq_len must be non-negative; got {seq_len!r}")
+    if d_model < 1:
+        raise ValueError(f"d_model must be at least 1; got {d_model!r}")
+    return _sinusoid(seq_len, d_model)
+
+
 # --- LearnedPositionalEmbedding ---
 
 
@@ -134,6 +150,32 @@ class LearnedUncheckedInputs(_Learned):
 
     def forward(self, x, start_pos=0):
         end = start_pos + x.shape[1] if x.dim() > 1 else start_pos + 1
+        if end > self.max_len:
+            raise ValueError(f"positions {start_pos}..{end - 1} go past max_len={self.max_len}")
+        return x + self.embedding(torch.arange(start_pos, end))
+
+
+class LearnedNoStartPosCheck(_Learned):
+    """Checks the shape of x and max_len, not start_pos: a negative one ends in nn.Embedding's IndexError."""
+
+    def forward(self, x, start_pos=0):
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be (batch, seq, d_model={self.d_model}); got shape {tuple(x.shape)}")
+        end = start_pos + x.shape[1]
+        if end > self.max_len:
+            raise ValueError(f"positions {start_pos}..{end - 1} go past max_len={self.max_len}")
+        return x + self.embedding(torch.arange(start_pos, end))
+
+
+class LearnedDimCheckOnly(_Learned):
+    """Checks that x is 3-D but not its last size: an x of width 1 broadcasts against the table silently."""
+
+    def forward(self, x, start_pos=0):
+        if x.dim() != 3:
+            raise ValueError(f"x must be (batch, seq, d_model); got shape {tuple(x.shape)}")
+        if not isinstance(start_pos, int) or start_pos < 0:
+            raise ValueError(f"start_pos must be a non-negative int; got {start_pos!r}")
+        end = start_pos + x.shape[1]
         if end > self.max_len:
             raise ValueError(f"positions {start_pos}..{end - 1} go past max_len={self.max_len}")
         return x + self.embedding(torch.arange(start_pos, end))
@@ -187,6 +229,26 @@ def rope_rotated_in_place(x, start_pos=0, base=10000.0):
 
 def rope_unchecked(x, start_pos=0, base=10000.0):
     """No argument checks: an odd d_head fails inside rearrange, a negative start_pos rotates backwards silently."""
+    return _rope(x, start_pos, base)
+
+
+def rope_no_4d_check(x, start_pos=0, base=10000.0):
+    """Checks d_head and start_pos but not that x is 4-D: a (heads, seq, d_head) tensor is rotated anyway."""
+    if x.shape[-1] % 2:
+        raise ValueError(f"d_head={x.shape[-1]} must be even")
+    if not isinstance(start_pos, int) or start_pos < 0:
+        raise ValueError(f"start_pos must be a non-negative int; got {start_pos!r}")
+    return _rope(x, start_pos, base)
+
+
+def rope_start_pos_sign_only(x, start_pos=0, base=10000.0):
+    """Checks start_pos < 0 but not that it is an int: a float start_pos gives fractional positions."""
+    if x.dim() != 4:
+        raise ValueError(f"x must be (batch, heads, seq, d_head); got shape {tuple(x.shape)}")
+    if x.shape[-1] % 2:
+        raise ValueError(f"d_head={x.shape[-1]} must be even")
+    if start_pos < 0:
+        raise ValueError(f"start_pos must be non-negative; got {start_pos}")
     return _rope(x, start_pos, base)
 
 
@@ -269,6 +331,13 @@ def slopes_unchecked(n_heads: int) -> torch.Tensor:
     return _alibi_slopes(n_heads)
 
 
+def slopes_sign_check_only(n_heads: int) -> torch.Tensor:
+    """Checks n_heads < 1 but not that it is an int: 2.5 fails in a slice with a TypeError."""
+    if n_heads < 1:
+        raise ValueError(f"n_heads must be at least 1; got {n_heads}")
+    return _alibi_slopes(n_heads)
+
+
 # --- alibi_bias ---
 
 
@@ -308,6 +377,14 @@ def bias_unchecked(n_heads: int, seq_q: int, seq_k: int) -> torch.Tensor:
     return -_alibi_slopes(n_heads)[:, None, None] * distance
 
 
+def bias_no_seq_k_check(n_heads: int, seq_q: int, seq_k: int) -> torch.Tensor:
+    """Checks seq_q only: seq_k = 0 gives an empty bias instead of an error."""
+    if not isinstance(seq_q, int) or seq_q < 1:
+        raise ValueError(f"seq_q must be a positive int; got {seq_q!r}")
+    distance = (torch.arange(seq_q)[:, None] + (seq_k - seq_q) - torch.arange(seq_k)[None, :]).abs()
+    return -_alibi_slopes(n_heads)[:, None, None] * distance
+
+
 MUTANTS: list[Mutant] = [
     Mutant("sin_cos_swapped", "sinusoidal_encoding",
            "cos in the even columns and sin in the odd ones (row 0 becomes 1, 0, 1, 0)", sinusoid_sin_cos_swapped),
@@ -325,6 +402,10 @@ MUTANTS: list[Mutant] = [
     Mutant("sinusoid_unchecked", "sinusoidal_encoding",
            "no argument checks: d_model=0 returns an empty table, a negative seq_len a cryptic RuntimeError",
            sinusoid_unchecked),
+    Mutant("sinusoid_no_d_model_check", "sinusoidal_encoding",
+           "checks seq_len only: d_model=0 returns an empty table", sinusoid_no_d_model_check),
+    Mutant("sinusoid_sign_check_only", "sinusoidal_encoding",
+           "checks the signs only: a seq_len of 2.5 gives a TypeError from torch.zeros", sinusoid_sign_check_only),
     Mutant("learned_start_pos_ignored", "LearnedPositionalEmbedding",
            "positions not advanced with start_pos (every chunk, every cached step, reuses positions 0…)",
            LearnedStartPosIgnored),
@@ -340,6 +421,12 @@ MUTANTS: list[Mutant] = [
     Mutant("learned_unchecked_inputs", "LearnedPositionalEmbedding",
            "checks max_len only: a 2-D x or a negative start_pos gives an IndexError or a silent wrong row",
            LearnedUncheckedInputs),
+    Mutant("learned_no_start_pos_check", "LearnedPositionalEmbedding",
+           "checks x and max_len but not start_pos: a negative one gives 'index out of range in self'",
+           LearnedNoStartPosCheck),
+    Mutant("learned_dim_check_only", "LearnedPositionalEmbedding",
+           "checks x.dim() only: an x of width 1 broadcasts against the (seq, d_model) rows silently",
+           LearnedDimCheckOnly),
     Mutant("rope_transposed", "apply_rope", "rotation by -θ (the transposed matrix)", rope_transposed),
     Mutant("rope_half_split", "apply_rope",
            "pairs (x[i], x[i + d/2]) as in GPT-NeoX/HF rotate_half, where this chapter's convention (and the "
@@ -355,6 +442,12 @@ MUTANTS: list[Mutant] = [
            rope_rotated_in_place),
     Mutant("rope_unchecked", "apply_rope",
            "no argument checks: an odd d_head fails inside einops, a negative start_pos is accepted", rope_unchecked),
+    Mutant("rope_no_4d_check", "apply_rope",
+           "checks d_head and start_pos but not that x is 4-D: a 3-D or 5-D tensor is rotated anyway",
+           rope_no_4d_check),
+    Mutant("rope_start_pos_sign_only", "apply_rope",
+           "checks start_pos < 0 but not that it is an int: a float start_pos gives fractional positions",
+           rope_start_pos_sign_only),
     Mutant("rope_complex_conjugate", "apply_rope_complex", "multiplies by e^(-iθ): the rotation by -θ",
            rope_complex_conjugate),
     Mutant("rope_complex_halves", "apply_rope_complex",
@@ -378,6 +471,9 @@ MUTANTS: list[Mutant] = [
     Mutant("slopes_reversed", "alibi_slopes", "slopes in increasing order", slopes_reversed),
     Mutant("slopes_unchecked", "alibi_slopes",
            "no check of n_heads: 0 fails in math.log2 with 'math domain error'", slopes_unchecked),
+    Mutant("slopes_sign_check_only", "alibi_slopes",
+           "checks n_heads < 1 but not that it is an int: 2.5 fails in a slice with a TypeError",
+           slopes_sign_check_only),
     Mutant("bias_positive", "alibi_bias", "+slope·distance: far keys are favoured instead of penalised",
            bias_positive),
     Mutant("bias_start_aligned", "alibi_bias",
@@ -387,4 +483,6 @@ MUTANTS: list[Mutant] = [
            bias_naive_slopes),
     Mutant("bias_unchecked", "alibi_bias", "no size checks: seq_q = 0 gives an empty bias instead of an error",
            bias_unchecked),
+    Mutant("bias_no_seq_k_check", "alibi_bias", "checks seq_q only: seq_k = 0 gives an empty bias",
+           bias_no_seq_k_check),
 ]
