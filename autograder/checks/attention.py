@@ -8,6 +8,7 @@ then look for the usual mistakes to name them in the hint.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import torch
@@ -114,26 +115,37 @@ def _causal_inputs(seq_q: int | None = None, seq_k: int | None = None, *, extra:
     return inputs
 
 
-def _bad_causal_inputs(*choices: tuple[tuple[int, ...], str]):
-    """One of ``choices`` ((args, the argument the error must name)), drawn from ``gen``."""
+def _bad_calls(*calls: tuple[str, tuple, dict, str]):
+    """Every call of ``calls`` ((what it looks like, args, kwargs, the argument its ValueError must name)) in
+    turn, for the ``call_each`` probe: one case tries every rule it lists, whatever the seed. Tensor
+    arguments are given as functions of ``gen``."""
 
     def inputs(gen: torch.Generator) -> dict[str, Any]:
-        args, argument = choices[int(torch.randint(len(choices), (), generator=gen))]
-        return {"args": args, "argument": argument, "call": f"causal_mask{args}".replace(",)", ")")}
+        made = [(tuple(a(gen) if callable(a) else a for a in args), kwargs) for _, args, kwargs, _ in calls]
+        return {"calls": made, "rules": [(call, argument) for call, _, _, argument in calls]}
 
     return inputs
 
 
-def _judge_value_error(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
-    """The call must raise a ValueError whose message names ``inputs["argument"]``."""
-    argument, error, call = inputs["argument"], outputs["error"], inputs["call"]
+def _causal_bad(*sizes: tuple[tuple[int, ...], str]):
+    return _bad_calls(*((f"causal_mask{args}".replace(",)", ")"), args, {}, argument) for args, argument in sizes))
+
+
+def _expect_value_error(call: str, argument: str, error: dict[str, str] | None) -> None:
+    """``call`` must have raised a ValueError whose message names ``argument`` (as a word)."""
     if error is None:
         fail(f"{call} must raise ValueError naming {argument}, but your code returned a result: check the "
              "arguments first and say what to pass instead")
     if error["type"] != "ValueError":
         fail(f"{call} must raise ValueError naming {argument}; your code raised {error['type']}: {error['message']}")
-    if argument not in error["message"]:
+    if not re.search(rf"\b{re.escape(argument)}\b", error["message"]):
         fail(f"{call}: your ValueError should name {argument} and say what to pass; it said {error['message']!r}")
+
+
+def _judge_value_errors(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+    """Each call must raise its ValueError; the hint names the first rule that is not checked."""
+    for (call, argument), result in zip(inputs["rules"], outputs["results"]):
+        _expect_value_error(call, argument, result["error"])
 
 
 def _judge_causal(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
@@ -347,18 +359,18 @@ def _tiled_inputs(lead: tuple[int, ...], seq_q: int, seq_k: int, d_head: int, bl
     return inputs
 
 
-def _tiled_bad_inputs(gen: torch.Generator) -> dict[str, Any]:
-    q, k, v = (_randn(gen, 1, 2, 4, 4) for _ in range(3))
-    block_size = (0, -8)[int(torch.randint(2, (), generator=gen))]
-    return {"args": (q, k, v), "kwargs": {"block_size": block_size}, "argument": "block_size",
-            "call": f"tiled_attention(q, k, v, block_size={block_size})"}
+def _qkv(gen: torch.Generator) -> torch.Tensor:
+    return _randn(gen, 1, 2, 3, 4)
 
 
-def _sdpa_float_mask_inputs(gen: torch.Generator) -> dict[str, Any]:
-    q, k, v = (_randn(gen, 1, 2, 3, 4) for _ in range(3))
-    mask = torch.ones(3, 3).tril()  # 0/1 floats: added to the scores, it would hide nothing
-    return {"args": (q, k, v, mask), "argument": "mask",
-            "call": "scaled_dot_product_attention(q, k, v, mask=<a float 0/1 mask>)"}
+def _tiled_bad(*sizes: Any):
+    return _bad_calls(*((f"tiled_attention(q, k, v, block_size={size})", (_qkv, _qkv, _qkv), {"block_size": size},
+                         "block_size") for size in sizes))
+
+
+_SDPA_FLOAT_MASK = _bad_calls(("scaled_dot_product_attention(q, k, v, mask=<a float 0/1 mask>)",
+                               # 0/1 floats: added to the scores, such a mask would hide nothing
+                               (_qkv, _qkv, _qkv, torch.ones(3, 3).tril()), {}, "mask"))
 
 
 def _judge_tiled(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
@@ -419,8 +431,9 @@ _SOFTMAX = (
 _CAUSAL = (
     _case("causal_mask(4)", _causal_inputs(4), _judge_causal),
     _case("3 queries after 3 cached keys: causal_mask(3, 6) is aligned to the end", _causal_inputs(3, 6), _judge_causal),
-    _case("seq_k < seq_q raises ValueError", _bad_causal_inputs(((5, 3), "seq_k")), _judge_value_error,
-          probe="call_or_error"),
+    _case("seq_k < seq_q raises ValueError", _causal_bad(((5, 3), "seq_k")), _judge_value_errors, probe="call_each"),
+    _case("sizes below 1 raise ValueError", _causal_bad(((0,), "seq_q"), ((3, 0), "seq_k")), _judge_value_errors,
+          probe="call_each"),
 )
 _PADDING = (
     _case("pad_id = 0, padding on the right", _padding_inputs(3, 6), _judge_padding),
@@ -438,8 +451,7 @@ _SDPA = (
     _case("float16 with a causal mask", _sdpa_inputs(1, 2, 4, 4, 8, mask="causal", dtype=torch.float16), _judge_sdpa),
     _case("gradients flow to q, k and v", _sdpa_inputs(1, 2, 3, 4, 8, mask="causal", grad=True), _judge_sdpa,
           probe="call_with_grad"),
-    _case("a float mask raises ValueError (_check_mask)", _sdpa_float_mask_inputs, _judge_value_error,
-          probe="call_or_error"),
+    _case("a float mask raises ValueError (_check_mask)", _SDPA_FLOAT_MASK, _judge_value_errors, probe="call_each"),
 )
 _TILED = (
     _case("equals F.scaled_dot_product_attention, 8 blocks of 8 keys", _tiled_inputs((1, 2), 6, 64, 4, 8),
@@ -448,7 +460,8 @@ _TILED = (
           probe="call_tracking_size"),
     _case("scores around ±2000 (float64): no overflow, no 0/0", _tiled_inputs((1, 1), 6, 24, 4, 5,
           dtype=torch.float64, large=True), _judge_tiled, probe="call_tracking_size"),
-    _case("block_size < 1 raises ValueError", _tiled_bad_inputs, _judge_value_error, probe="call_or_error"),
+    _case("block_size that is not a positive int (0, -8, 2.5) raises ValueError", _tiled_bad(0, -8, 2.5),
+          _judge_value_errors, probe="call_each"),
 )
 
 CHECKS: dict[str, Check] = {
@@ -481,8 +494,8 @@ CHECKS: dict[str, Check] = {
             _case("seq_q < seq_k: aligned to the end (a cache of earlier keys)", _causal_inputs(extra=3), _judge_causal),
             _case("one new query over 6 keys sees them all", _causal_inputs(1, 6), _judge_causal),
             _case("causal_mask(5, 5)", _causal_inputs(5, 5), _judge_causal),
-            _case("sizes below 1 raise ValueError", _bad_causal_inputs(((0,), "seq_q"), ((3, 0), "seq_k"), ((-2, 4), "seq_q")),
-                  _judge_value_error, probe="call_or_error"),
+            _case("negative sizes raise ValueError", _causal_bad(((-2, 4), "seq_q"), ((2, -1), "seq_k")),
+                  _judge_value_errors, probe="call_each"),
         ),
     ),
     "padding_mask": Check(
@@ -516,6 +529,7 @@ CHECKS: dict[str, Check] = {
                   probe="call_tracking_size"),
             _case("scores around ±2000, seq_k not a multiple of block_size", _tiled_inputs((2, 1), 8, 29, 4, 4,
                   dtype=torch.float64, large=True), _judge_tiled, probe="call_tracking_size"),
+            _case("block_size -1 or 3.0 raises ValueError", _tiled_bad(-1, 3.0), _judge_value_errors, probe="call_each"),
         ),
         forbidden=("*scaled_dot_product*", "*softmax*", "softmin", "logsumexp"),
     ),

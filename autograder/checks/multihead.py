@@ -9,6 +9,7 @@ usual mistakes to name the one that was made.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import torch
@@ -45,13 +46,36 @@ def _expect(actual: Any, expected: Tensor, hint: str, mistakes: list[tuple[Tenso
 
 
 def _expect_value_error(outputs: dict, argument: str, what: str) -> None:
+    """The call described by ``what`` must have raised a ValueError whose message names ``argument`` (as a word)."""
     error = outputs["error"]
     if error is None:
         fail(f"{what}, but your code returned a result: raise ValueError naming {argument} instead of going on")
     if error["type"] != "ValueError":
         fail(f"{what}: raise a ValueError (you raised {error['type']}: {error['message']})")
-    if argument not in error["message"]:
+    if not re.search(rf"\b{re.escape(argument)}\b", error["message"]):
         fail(f"{what}: your ValueError should name {argument} and say what to change; it said {error['message']!r}")
+
+
+def _bad_calls(*calls: tuple[tuple, dict, str, str]):
+    """Inputs for ``call_each``: every call of ``calls`` ((args, kwargs, the argument its ValueError must name,
+    what is wrong)) in turn, the same ones whatever the seed; tensors are given by their shape."""
+
+    def inputs(gen: torch.Generator) -> dict:
+        made = [(tuple(torch.randn(*a, generator=gen) if isinstance(a, torch.Size) else a for a in args), kwargs)
+                for args, kwargs, _, _ in calls]
+        return {"calls": made, "rules": [(argument, what) for _, _, argument, what in calls]}
+
+    return inputs
+
+
+def _judge_value_errors(inputs: dict, outputs: dict) -> None:
+    """Each call must raise a ValueError naming its argument; the hint names the first rule that is not checked."""
+    for (argument, what), result in zip(inputs["rules"], outputs["results"]):
+        _expect_value_error(result, argument, what)
+
+
+def _shape(*sizes: int) -> torch.Size:
+    return torch.Size(sizes)
 
 
 # --- split_heads ---------------------------------------------------------------------------------
@@ -89,26 +113,6 @@ def _judge_split(inputs: dict, outputs: dict) -> None:
     )
 
 
-def _split_not_divisible_inputs(gen: torch.Generator) -> dict:
-    heads = _int(gen, 3, 5)
-    return {"args": (torch.randn(2, 3, heads * 4 + 1, generator=gen), heads)}
-
-
-def _judge_split_not_divisible(inputs: dict, outputs: dict) -> None:
-    x, heads = inputs["args"]
-    _expect_value_error(outputs, "n_heads", f"d_model={x.shape[-1]} is not divisible by n_heads={heads}")
-
-
-def _split_not_3d_inputs(gen: torch.Generator) -> dict:
-    shape = [(2, 3, 4, 8), (3, 8)][_int(gen, 0, 1)]
-    return {"args": (torch.randn(*shape, generator=gen), 2)}
-
-
-def _judge_split_not_3d(inputs: dict, outputs: dict) -> None:
-    x, _ = inputs["args"]
-    _expect_value_error(outputs, "x", f"x of shape {tuple(x.shape)} is not (batch, seq, d_model)")
-
-
 # --- merge_heads ---------------------------------------------------------------------------------
 
 
@@ -141,16 +145,6 @@ def _judge_merge(inputs: dict, outputs: dict) -> None:
             ),
         ],
     )
-
-
-def _merge_not_4d_inputs(gen: torch.Generator) -> dict:
-    shape = [(2, 3, 8), (1, 2, 3, 4, 5)][_int(gen, 0, 1)]
-    return {"args": (torch.randn(*shape, generator=gen),)}
-
-
-def _judge_merge_not_4d(inputs: dict, outputs: dict) -> None:
-    (x,) = inputs["args"]
-    _expect_value_error(outputs, "x", f"x of shape {tuple(x.shape)} is not (batch, heads, seq, d_head)")
 
 
 def _judge_merge_roundtrip(inputs: dict, outputs: dict) -> None:
@@ -386,6 +380,12 @@ def _count_of(d_model: int, n_heads: int, n_kv_heads: int | None, bias: bool) ->
     return sum(p.numel() for p in module.parameters())
 
 
+# n_kv_heads that does not divide n_heads: fewer K/V heads, more, and one that shares a factor with n_heads
+_COUNT_BAD_KV_HEADS = _bad_calls(*(((heads * 16, heads), {"n_kv_heads": kv}, "n_kv_heads",
+                                    f"n_kv_heads={kv} does not divide n_heads={heads}")
+                                   for heads, kv in ((8, 3), (6, 4), (4, 8))))
+
+
 def _judge_count(inputs: dict, outputs: dict) -> None:
     d_model, n_heads = inputs["args"]
     n_kv_heads, bias = inputs["kwargs"]["n_kv_heads"], inputs["kwargs"]["bias"]
@@ -406,27 +406,6 @@ def _judge_count(inputs: dict, outputs: dict) -> None:
     if got == expected - d_model * d_model - (d_model if bias else 0):
         fail(f"{where}: the output projection W_O (d_model × d_model, plus its bias) is missing")
     fail(f"{where}: expected {expected:,} parameters, got {got:,}")
-
-
-def _count_bad_inputs(gen: torch.Generator) -> dict:
-    n_heads = _int(gen, 5, 7)
-    return {"args": (n_heads * 8 + 2, n_heads), "kwargs": {}}
-
-
-def _judge_count_bad(inputs: dict, outputs: dict) -> None:
-    d_model, n_heads = inputs["args"]
-    _expect_value_error(outputs, "n_heads", f"d_model={d_model} is not divisible by n_heads={n_heads}")
-
-
-def _count_bad_kv_inputs(gen: torch.Generator) -> dict:
-    n_heads, n_kv_heads = [(8, 3), (6, 4), (12, 5)][_int(gen, 0, 2)]
-    return {"args": (n_heads * 16, n_heads), "kwargs": {"n_kv_heads": n_kv_heads}}
-
-
-def _judge_count_bad_kv(inputs: dict, outputs: dict) -> None:
-    _, n_heads = inputs["args"]
-    n_kv_heads = inputs["kwargs"]["n_kv_heads"]
-    _expect_value_error(outputs, "n_kv_heads", f"n_kv_heads={n_kv_heads} does not divide n_heads={n_heads}")
 
 
 # --- repeat_kv_heads ------------------------------------------------------------------------------
@@ -455,16 +434,6 @@ def _judge_repeat(inputs: dict, outputs: dict) -> None:
             )
         ],
     )
-
-
-def _repeat_bad_inputs(gen: torch.Generator) -> dict:
-    kv_heads = _int(gen, 3, 4)
-    return {"args": (torch.randn(1, kv_heads, 2, 2, generator=gen), kv_heads * 2 + 1)}
-
-
-def _judge_repeat_bad(inputs: dict, outputs: dict) -> None:
-    x, n_heads = inputs["args"]
-    _expect_value_error(outputs, "n_heads", f"n_heads={n_heads} is not a multiple of the {x.shape[1]} K/V heads")
 
 
 # --- query_gradient_norm -------------------------------------------------------------------------
@@ -544,9 +513,13 @@ CHECKS: dict[str, Check] = {
         name="split_heads",
         visible=(
             Case("split (batch, seq, heads·d_head) into heads", _split_inputs, "call", _judge_split),
-            Case("d_model not divisible by n_heads raises ValueError", _split_not_divisible_inputs, "call_or_error",
-                 _judge_split_not_divisible),
-            Case("x that is not 3-D raises ValueError", _split_not_3d_inputs, "call_or_error", _judge_split_not_3d),
+            Case("d_model not divisible by n_heads raises ValueError", _bad_calls(
+                ((_shape(2, 3, 21), 5), {}, "n_heads", "d_model=21 is not divisible by n_heads=5")),
+                "call_each", _judge_value_errors),
+            Case("x that is not 3-D raises ValueError", _bad_calls(
+                ((_shape(2, 3, 4, 8), 2), {}, "x", "x of shape (2, 3, 4, 8) is not (batch, seq, d_model)"),
+                ((_shape(3, 8), 2), {}, "x", "x of shape (3, 8) is not (batch, seq, d_model)")),
+                "call_each", _judge_value_errors),
         ),
         hidden=(
             Case("one head, or one feature per head", lambda g: _split_inputs(g, (1, 1), (1, 1)), "call", _judge_split),
@@ -557,7 +530,10 @@ CHECKS: dict[str, Check] = {
         name="merge_heads",
         visible=(
             Case("merge heads back to (batch, seq, d_model)", _merge_inputs, "call", _judge_merge),
-            Case("x that is not 4-D raises ValueError", _merge_not_4d_inputs, "call_or_error", _judge_merge_not_4d),
+            Case("x that is not 4-D raises ValueError", _bad_calls(
+                ((_shape(2, 3, 8),), {}, "x", "x of shape (2, 3, 8) is not (batch, heads, seq, d_head)"),
+                ((_shape(1, 2, 3, 4, 5),), {}, "x", "x of shape (1, 2, 3, 4, 5) is not (batch, heads, seq, d_head)")),
+                "call_each", _judge_value_errors),
         ),
         hidden=(Case("merge_heads inverts split_heads", _merge_inputs, "call", _judge_merge_roundtrip),),
     ),
@@ -593,10 +569,11 @@ CHECKS: dict[str, Check] = {
         visible=(
             Case("count of multi-head attention", _count_inputs, "call", _judge_count),
             Case("grouped-query attention", lambda g: _count_inputs(g, gqa=True), "call", _judge_count),
-            Case("d_model not divisible by n_heads raises ValueError", _count_bad_inputs, "call_or_error",
-                 _judge_count_bad),
-            Case("n_kv_heads that does not divide n_heads raises ValueError", _count_bad_kv_inputs, "call_or_error",
-                 _judge_count_bad_kv),
+            Case("d_model not divisible by n_heads raises ValueError", _bad_calls(
+                ((50, 6), {}, "n_heads", "d_model=50 is not divisible by n_heads=6")),
+                "call_each", _judge_value_errors),
+            Case("n_kv_heads that does not divide n_heads raises ValueError", _COUNT_BAD_KV_HEADS, "call_each",
+                 _judge_value_errors),
         ),
         hidden=(
             Case("without biases", lambda g: _count_inputs(g, bias=False), "call", _judge_count),
@@ -607,8 +584,9 @@ CHECKS: dict[str, Check] = {
         name="repeat_kv_heads",
         visible=(
             Case("groups of query heads share a K/V head", _repeat_inputs, "call", _judge_repeat),
-            Case("n_heads not a multiple of the K/V heads raises ValueError", _repeat_bad_inputs, "call_or_error",
-                 _judge_repeat_bad),
+            Case("n_heads not a multiple of the K/V heads raises ValueError", _bad_calls(
+                ((_shape(1, 3, 2, 2), 7), {}, "n_heads", "n_heads=7 is not a multiple of the 3 K/V heads")),
+                "call_each", _judge_value_errors),
         ),
         hidden=(
             Case("multi-query: one K/V head", lambda g: _repeat_inputs(g, kv_heads=1, group=4), "call", _judge_repeat),
