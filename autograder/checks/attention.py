@@ -2,7 +2,10 @@
 
 The references are computed here from plain ``torch`` operations and
 ``F.scaled_dot_product_attention``, independently of ``solutions``; the judges
-then look for the usual mistakes to name them in the hint.
+then look for the usual mistakes to name them in the hint. What computes an
+exercise's answer (the scores, the masks, attention with masks) is in functions
+marked ``@core.recorded``: a student edition that withholds this chapter replays
+their results on the visible cases and holds none of their code.
 """
 
 from __future__ import annotations
@@ -14,8 +17,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from torch.nn.attention.bias import causal_lower_right
+
 from autograder.checks import core
 from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
+
+# Not called here (the answers are computed independently of it): where a student edition withholds it, this is a
+# core.Withheld and the @core.recorded functions below replay their recorded results.
+reference = core.reference("solutions.attention")
 
 
 def _randn(gen: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> torch.Tensor:
@@ -46,11 +55,17 @@ def _scores_inputs(*lead: int, seq_q: int, seq_k: int, d_head: int, dtype: torch
     return inputs
 
 
+@core.recorded
+def _scores_of(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """q kᵀ / √d_k, computed in float64, in q's dtype."""
+    return (q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.shape[-1])).to(q.dtype)
+
+
 def _judge_scores(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
     q, k = inputs["args"]
     got = _out(outputs)
     d_head = q.shape[-1]
-    expected = (q.double() @ k.double().transpose(-2, -1) / math.sqrt(d_head)).to(q.dtype)
+    expected = _scores_of(q, k)
     if isinstance(got, torch.Tensor) and got.shape == expected.shape and got.dtype != q.dtype:
         fail(f"keep the input dtype: q is {q.dtype}, your scores are {got.dtype}")
     if isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(expected.transpose(-2, -1).shape) and q.shape[-2] != k.shape[-2]:
@@ -148,13 +163,20 @@ def _judge_value_errors(inputs: dict[str, Any], outputs: dict[str, Any]) -> None
         _expect_value_error(call, argument, result["error"])
 
 
+@core.recorded
+def _causal_masks(seq_q: int, seq_k: int) -> dict[str, torch.Tensor]:
+    """The end-aligned causal mask ("expected") and the masks of the usual mistakes."""
+    i, j, offset = torch.arange(seq_q).unsqueeze(1), torch.arange(seq_k).unsqueeze(0), seq_k - seq_q
+    return {"expected": j <= i + offset, "no_diagonal": j < i + offset, "next_visible": j <= i + offset + 1,
+            "top_left": j <= i}
+
+
 def _judge_causal(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
     seq_q = inputs["args"][0]
     seq_k = inputs["args"][1] if len(inputs["args"]) > 1 else seq_q
     got = _out(outputs)
-    i = torch.arange(seq_q).unsqueeze(1)
-    j = torch.arange(seq_k).unsqueeze(0)
-    expected = j <= i + (seq_k - seq_q)
+    masks = _causal_masks(seq_q, seq_k)
+    expected = masks["expected"]
     if not isinstance(got, torch.Tensor):
         fail(f"expected a torch.Tensor, got {type(got).__name__}")
     if got.dtype != torch.bool:
@@ -163,13 +185,13 @@ def _judge_causal(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
         fail(f"wrong shape: got {tuple(got.shape)}, expected (seq_q, seq_k) = {(seq_q, seq_k)}")
     if torch.equal(got, expected):
         return
-    if torch.equal(got, ~expected) or (seq_q > 1 and torch.equal(got, ~(j < i + (seq_k - seq_q)))):
+    if torch.equal(got, ~expected) or (seq_q > 1 and torch.equal(got, ~masks["no_diagonal"])):
         fail("your mask has the wrong polarity: True must mean 'may attend' (the past and the token itself)")
-    if torch.equal(got, j < i + (seq_k - seq_q)):
+    if torch.equal(got, masks["no_diagonal"]):
         fail("a token must see itself: keep the diagonal (tril with diagonal=0, not -1)")
-    if torch.equal(got, j <= i + (seq_k - seq_q) + 1):
+    if torch.equal(got, masks["next_visible"]):
         fail("your mask lets each token see the next one: the diagonal is off by one")
-    if seq_k != seq_q and torch.equal(got, j <= i):
+    if seq_k != seq_q and torch.equal(got, masks["top_left"]):
         fail("with seq_k > seq_q (earlier keys in a cache) align the mask to the end: query i sees keys "
              "j <= i + (seq_k - seq_q), i.e. tril(diagonal=seq_k - seq_q); the last query sees every key")
     expect_close(got, expected, "query i may attend key j iff j <= i + (seq_k - seq_q)")
@@ -195,11 +217,20 @@ def _padding_inputs(batch: int, seq_k: int, *, pad_id: int = 0, left: bool = Fal
     return inputs
 
 
+@core.recorded
+def _padding_masks(tokens: torch.Tensor, pad_id: int) -> dict[str, torch.Tensor]:
+    """True on the real tokens, shaped to broadcast over the keys ("expected"), and the same with pad id 0."""
+    batch, seq_k = tokens.shape
+    return {"expected": (tokens != pad_id).reshape(batch, 1, 1, seq_k),
+            "pad_zero": (tokens != 0).reshape(batch, 1, 1, seq_k)}
+
+
 def _judge_padding(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
     tokens, pad_id = inputs["args"]
     got = _out(outputs)
     batch, seq_k = tokens.shape
-    expected = (tokens != pad_id).reshape(batch, 1, 1, seq_k)
+    masks = _padding_masks(tokens, pad_id)
+    expected = masks["expected"]
     if not isinstance(got, torch.Tensor):
         fail(f"expected a torch.Tensor, got {type(got).__name__}")
     if got.dtype != torch.bool:
@@ -215,7 +246,7 @@ def _judge_padding(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
         return
     if torch.equal(got, ~expected):
         fail("wrong polarity: True must mean 'real token, may attend', False = padding")
-    if pad_id != 0 and torch.equal(got, (tokens != 0).reshape(batch, 1, 1, seq_k)):
+    if pad_id != 0 and torch.equal(got, masks["pad_zero"]):
         fail(f"use the pad_id argument (here {pad_id}), not a hard-coded 0")
     expect_close(got, expected, "True where tokens != pad_id, False on padding")
 
@@ -235,7 +266,7 @@ def _sdpa_inputs(batch: int, heads: int, seq_q: int, seq_k: int, d_head: int, *,
             q, k = -q.abs() * 150, k.abs() * 150
         m = None
         if mask == "causal":
-            m = torch.ones(seq_q, seq_k, dtype=torch.bool).tril(diagonal=seq_k - seq_q)
+            m = causal_lower_right(seq_q, seq_k)._materialize()  # PyTorch's own end-aligned mask
         elif mask == "padding":
             lengths = torch.randint(1, seq_k + 1, (batch,), generator=gen)
             lengths[0] = max(1, seq_k // 2)
@@ -256,7 +287,7 @@ def _sdpa_inputs(batch: int, heads: int, seq_q: int, seq_k: int, d_head: int, *,
     return inputs
 
 
-def _reference_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
+def _sdpa_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
     """F.scaled_dot_product_attention in float64, with fully masked rows set to zero; and the weights."""
     q, k, v = q.double(), k.double(), v.double()
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
@@ -272,10 +303,31 @@ def _reference_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     return out, weights
 
 
+@core.recorded
+def _sdpa_answers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> dict[str, Any]:
+    """The output and weights of attention with ``mask``, in float64, and the outputs of the scale mistakes."""
+    d_head = q.shape[-1]
+    out, weights = _sdpa_of(q, k, v, mask)
+    return {"out": out, "weights": weights,
+            "unscaled_out": _sdpa_of(q.double() * math.sqrt(d_head), k, v, mask)[0],
+            "d_k_out": _sdpa_of(q.double() / math.sqrt(d_head), k, v, mask)[0]}
+
+
+@core.recorded
+def _sdpa_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                cotangent: torch.Tensor) -> list[torch.Tensor]:
+    """The gradients of sum(output · cotangent) with respect to q, k and v, in float64."""
+    qd, kd, vd = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    out, _ = _sdpa_of(qd, kd, vd, mask)
+    (out * cotangent.double()).sum().backward()
+    return [qd.grad, kd.grad, vd.grad]
+
+
 def _judge_sdpa(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
     q, k, v, mask = inputs["args"]
     got = _out(outputs)
-    ref_out, ref_w = _reference_sdpa(q, k, v, mask)
+    answers = _sdpa_answers(q, k, v, mask)
+    ref_out, ref_w = answers["out"], answers["weights"]
     tol = _tol(q.dtype)
     if "grads" in outputs:  # call_with_grad keeps only the output
         _judge_grads(inputs, outputs, ref_out)
@@ -315,10 +367,9 @@ def _judge_sdpa(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
         fail("your weights do not sum to 1 over the keys: softmax over dim=-1 (the keys), not dim=-2")
     if (w[~live] != 0).any():
         fail("a query whose keys are all masked must attend to nothing: its weights and output should be 0")
-    d_head = q.shape[-1]
-    for factor, hint in ((math.sqrt(d_head), "the scores are not divided by √d_k: your weights are too peaked"),
-                         (1 / math.sqrt(d_head), "the scores are divided by d_k instead of √d_k: your weights are too flat")):
-        scaled, _ = _reference_sdpa(q * factor, k, v, mask)
+    for key, hint in (("unscaled_out", "the scores are not divided by √d_k: your weights are too peaked"),
+                      ("d_k_out", "the scores are divided by d_k instead of √d_k: your weights are too flat")):
+        scaled = answers[key]
         if q.dtype != torch.float16 and not torch.allclose(ref_out, scaled, atol=1e-4) and torch.allclose(out.double(), scaled, **tol):
             fail(hint)
     expect_close(weights, ref_w.to(q.dtype), "weights differ from softmax(q kᵀ / √d_k) with the mask", **tol)
@@ -328,11 +379,9 @@ def _judge_sdpa(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
 def _judge_grads(inputs: dict[str, Any], outputs: dict[str, Any], ref_out: torch.Tensor) -> None:
     q, k, v, mask = inputs["args"]
     tol = _tol(q.dtype)
+    ref_grads = _sdpa_grads(q, k, v, mask, inputs["cotangent"])
     expect_close(outputs["out"], ref_out.to(q.dtype), "output differs from softmax(q kᵀ / √d_k) v", **tol)
-    qd, kd, vd = (t.double().requires_grad_(True) for t in (q, k, v))
-    ref, _ = _reference_sdpa(qd, kd, vd, mask)
-    (ref * inputs["cotangent"].double()).sum().backward()
-    for name, g, r in zip("qkv", outputs["grads"], (qd.grad, kd.grad, vd.grad)):
+    for name, g, r in zip("qkv", outputs["grads"], ref_grads):
         if g is None or (g.abs().amax() == 0 and r.abs().amax() > 0):
             fail(f"no gradient reaches {name}: do not detach, use .data, or compute under torch.no_grad() "
                  "— the model could not learn its projections")

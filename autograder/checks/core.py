@@ -129,13 +129,14 @@ def expect_close(actual: Any, expected: torch.Tensor, hint: str, *, atol: float 
 
 # --- the reference, or its recording in a student edition ------------------------
 #
-# A check that compares with the library's reference imports it with :func:`reference`
-# and computes everything it needs from the reference in functions of the case inputs
-# only, marked :func:`recorded`. In this repository they simply run. ``autograder
-# publish`` runs every withheld chapter's visible cases (seed 0) with the reference
-# under :func:`recording` and saves the results in ``autograder/checks/recorded/``; in
-# the student edition, where the reference module raises ImportError, each marked
-# function returns its recorded result instead (plain tensors and numbers, no code).
+# A checks module imports its chapter's library module with :func:`reference` and computes
+# everything that is an answer (with the reference, or by its own code: an expected mask,
+# attention by hand) in functions of the case inputs only, marked :func:`recorded`, called
+# on the pass path of the visible cases. In this repository they simply run. ``autograder
+# publish`` runs every withheld chapter's visible cases (seed 0) with the reference under
+# :func:`recording` and saves the results in ``autograder/checks/recorded/``; in the
+# student edition, where the reference module raises ImportError, each marked function
+# returns its recorded result instead (plain tensors and numbers, no code).
 
 RECORDED_DIR = Path(__file__).resolve().parent / "recorded"
 WITHHELD_MARK = "withheld in this student edition"
@@ -224,7 +225,8 @@ def _recording(checks_module: str) -> dict[str, Any]:
 
 
 def recorded(fn: Callable) -> Callable:
-    """Mark a checks-module function that uses the reference on case inputs only (plain data in, plain data out).
+    """Mark a checks-module function that computes an answer, with the reference or by itself, from case inputs
+    only (plain data in, plain data out).
 
     With the reference importable it runs (and is recorded during :func:`recording`); in a student edition
     that withholds it, it returns the recorded result of the same call, or raises :class:`ReferenceWithheld`.

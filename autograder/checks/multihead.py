@@ -3,7 +3,10 @@
 Each judge compares with an independent reference (plain ``view``/``transpose``,
 ``repeat_interleave``, ``nn.MultiheadAttention`` with copied weights,
 ``F.scaled_dot_product_attention``) and, when the answer is wrong, recomputes the
-usual mistakes to name the one that was made.
+usual mistakes to name the one that was made. What computes an exercise's answer
+(the layouts, attention by hand, the gradient norm) is in functions marked
+``@core.recorded``: a student edition that withholds this chapter replays their
+results on the visible cases and holds none of their code.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
+from torch.nn.attention.bias import causal_lower_right
 
 from autograder.checks import core
 from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
@@ -89,14 +93,19 @@ def _split_inputs(gen: torch.Generator, heads_range=(2, 6), d_head_range=(2, 6))
     return {"args": (torch.randn(batch, seq, heads * d_head, generator=gen), heads)}
 
 
+@core.recorded
+def _split_of(x: Tensor, heads: int) -> Tensor:
+    batch, seq, d_model = x.shape
+    return x.view(batch, seq, heads, d_model // heads).transpose(1, 2)
+
+
 def _judge_split(inputs: dict, outputs: dict) -> None:
     x, heads = inputs["args"]
     batch, seq, d_model = x.shape
     d_head = d_model // heads
-    expected = x.view(batch, seq, heads, d_head).transpose(1, 2)
     _expect(
         outputs["out"],
-        expected,
+        _split_of(x, heads),
         "head h must hold features h·d_head … (h+1)·d_head - 1 of every token, in shape (batch, heads, seq, d_head)",
         [
             (
@@ -123,13 +132,18 @@ def _merge_inputs(gen: torch.Generator) -> dict:
     return {"args": (torch.randn(batch, heads, seq, d_head, generator=gen),)}
 
 
+@core.recorded
+def _merge_of(x: Tensor) -> Tensor:
+    batch, heads, seq, d_head = x.shape
+    return x.transpose(1, 2).reshape(batch, seq, heads * d_head)
+
+
 def _judge_merge(inputs: dict, outputs: dict) -> None:
     (x,) = inputs["args"]
     batch, heads, seq, d_head = x.shape
-    expected = x.transpose(1, 2).reshape(batch, seq, heads * d_head)
     _expect(
         outputs["out"],
-        expected,
+        _merge_of(x),
         "merge_heads must undo split_heads: (batch, heads, seq, d_head) -> (batch, seq, heads·d_head), "
         "head after head",
         [
@@ -149,8 +163,7 @@ def _judge_merge(inputs: dict, outputs: dict) -> None:
 
 def _judge_merge_roundtrip(inputs: dict, outputs: dict) -> None:
     (x,) = inputs["args"]
-    batch, heads, seq, d_head = x.shape
-    tokens = x.transpose(1, 2).reshape(batch, seq, heads * d_head)
+    tokens = _merge_of(x)
     out = outputs["out"]
     # split_heads(out, heads) gives x back exactly when out has merge_heads' layout (tokens)
     if isinstance(out, Tensor) and tuple(out.shape) == tuple(tokens.shape) and not _same(out, tokens):
@@ -232,10 +245,9 @@ def _torch_reference(inputs: dict) -> Tensor:
             module.out_proj.bias.copy_(state["out_proj.bias"])
     module.eval()
     kv = x if context is None else context
-    seq_q, seq_k = x.shape[1], kv.shape[1]
     attn_mask = None
-    if is_causal:
-        attn_mask = ~torch.ones(seq_q, seq_k, dtype=torch.bool).tril(seq_k - seq_q)
+    if is_causal:  # PyTorch's own end-aligned mask, inverted: here True = NOT allowed
+        attn_mask = ~causal_lower_right(x.shape[1], kv.shape[1])._materialize()
     key_padding_mask = None if mask is None else ~mask[:, 0, 0, :]
     with torch.no_grad():
         out, _ = module(x, kv, kv, key_padding_mask=key_padding_mask, attn_mask=attn_mask, need_weights=False)
@@ -303,12 +315,24 @@ _MHA_MISTAKES = {
 }
 
 
+@core.recorded
+def _mha_variants(inputs: dict) -> dict[str, Tensor]:
+    """The output of multi-head attention by hand ("reference") and of each known mistake of _MHA_MISTAKES."""
+    variants = {"reference": _by_hand(inputs)}
+    for bug in _MHA_MISTAKES:
+        try:
+            variants[bug] = _by_hand(inputs, bug)
+        except RuntimeError:  # a mistake these shapes cannot even make
+            continue
+    return variants
+
+
 def _judge_mha(inputs: dict, outputs: dict, *, what: str) -> None:
-    n_kv_heads = inputs["init_kwargs"].get("n_kv_heads")
-    expected = _by_hand(inputs) if n_kv_heads else _torch_reference(inputs)
+    variants = _mha_variants(inputs)
+    expected = variants["reference"] if inputs["init_kwargs"].get("n_kv_heads") else _torch_reference(inputs)
     if not _same(outputs["out"], expected, 1e-4):
         for bug, message in _MHA_MISTAKES.items():
-            if _same(outputs["out"], _by_hand(inputs, bug), 1e-4):
+            if bug in variants and _same(outputs["out"], variants[bug], 1e-4):
                 fail(message)
     expect_close(outputs["out"], expected, what, atol=1e-4)
 
@@ -332,12 +356,20 @@ def _dropout_inputs(gen: torch.Generator) -> dict:
     }
 
 
+@core.recorded
+def _dropout_values(inputs: dict) -> Tensor:
+    """Each head's value of the one context token, (batch, 1, heads, d_head): with W_O = identity, what every query
+    of that head outputs without dropout."""
+    d_model, n_heads = inputs["init_args"]
+    state, (_, context) = inputs["state"], inputs["args"]
+    w_v, b_v = state["in_proj.weight"][-d_model:], state["in_proj.bias"][-d_model:]
+    return rearrange(F.linear(context, w_v, b_v), "batch 1 (heads d_head) -> batch 1 heads d_head", heads=n_heads)
+
+
 def _judge_dropout(inputs: dict, outputs: dict) -> None:
     d_model, n_heads = inputs["init_args"]
-    state, (x, context) = inputs["state"], inputs["args"]
-    d_head = d_model // n_heads
-    w_v, b_v = state["in_proj.weight"][-d_model:], state["in_proj.bias"][-d_model:]
-    v = rearrange(F.linear(context, w_v, b_v), "batch 1 (heads d_head) -> batch 1 heads d_head", heads=n_heads)
+    x = inputs["args"][0]
+    v = _dropout_values(inputs)
     kept_eval = v.expand(-1, x.shape[1], -1, -1).reshape(x.shape)
     expect_close(outputs["eval"], kept_eval, "in eval mode (module.eval()) there must be no dropout", atol=1e-4)
     train = outputs["train"]
@@ -418,12 +450,17 @@ def _repeat_inputs(gen: torch.Generator, kv_heads: int | None = None, group: int
     return {"args": (x, kv_heads * group)}
 
 
+@core.recorded
+def _repeat_of(x: Tensor, n_heads: int) -> Tensor:
+    return x.repeat_interleave(n_heads // x.shape[1], dim=1)
+
+
 def _judge_repeat(inputs: dict, outputs: dict) -> None:
     x, n_heads = inputs["args"]
     group = n_heads // x.shape[1]
     _expect(
         outputs["out"],
-        x.repeat_interleave(group, dim=1),
+        _repeat_of(x, n_heads),
         f"query head i must use K/V head i // {group}: shape (batch, {n_heads}, seq, d_head)",
         [
             (
@@ -453,7 +490,7 @@ def _grad_inputs(d_heads: tuple[int, ...], *, scaled: bool, dtype: torch.dtype =
     return inputs
 
 
-def _grad_norm_of(args: tuple, *, scale: float, wrt: int = 1, reduction: str = "mean", detach_q: bool = False) -> float:
+def _grad_norm_of(args: tuple, *, scale: float, wrt: int = 1, reduction: str = "mean") -> float:
     """‖∂L/∂W‖ in float64 for the weight ``args[wrt]`` (1 = W_Q, 2 = W_K), recomputed here with plain torch."""
     x, w_q, w_k, w_v, target = (t.double() for t in args)
     leaf = (w_q, w_k)[wrt - 1].clone().requires_grad_(True)
@@ -466,17 +503,30 @@ def _grad_norm_of(args: tuple, *, scale: float, wrt: int = 1, reduction: str = "
     return grad.norm().item()
 
 
+@core.recorded
+def _grad_norms(args: tuple, scaled: bool) -> dict[str, float]:
+    """‖∂L/∂W_Q‖ ("expected") and the norms the usual slips give."""
+    d_head = args[1].shape[-1]
+    scale = 1 / math.sqrt(d_head) if scaled else 1.0
+    return {"expected": _grad_norm_of(args, scale=scale),
+            "unscaled": _grad_norm_of(args, scale=1.0),
+            "scaled": _grad_norm_of(args, scale=1 / math.sqrt(d_head)),
+            "by_d_head": _grad_norm_of(args, scale=1 / d_head),
+            "summed": _grad_norm_of(args, scale=scale, reduction="sum"),
+            "w_k": _grad_norm_of(args, scale=scale, wrt=2)}
+
+
 def _judge_grad(inputs: dict, outputs: dict) -> None:
     args, scaled = inputs["args"], inputs["kwargs"]["scaled"]
     d_head = args[1].shape[-1]
+    norms = _grad_norms(args, scaled)
     got = outputs["out"]
     if isinstance(got, Tensor):
         fail(f"return a Python float (grad.norm().item()), not a tensor of shape {tuple(got.shape)}")
     if isinstance(got, bool) or not isinstance(got, (float, int)):
         fail(f"return a Python float, got {type(got).__name__}")
     rtol = 1e-6 if args[0].dtype == torch.float64 else 1e-3
-    scale = 1 / math.sqrt(d_head) if scaled else 1.0
-    expected = _grad_norm_of(args, scale=scale)
+    expected = norms["expected"]
 
     def near(value: float) -> bool:
         return abs(got - value) <= rtol * abs(value) + 1e-12
@@ -484,16 +534,14 @@ def _judge_grad(inputs: dict, outputs: dict) -> None:
     if near(expected):
         return
     flag = f"scaled={scaled}, d_head={d_head}"
-    for candidate, hint in (
-        (_grad_norm_of(args, scale=1.0), "the scores are not divided by √d_head, but scaled=True asks for it"),
-        (_grad_norm_of(args, scale=1 / math.sqrt(d_head)),
-         "the scores are divided by √d_head although scaled=False: only scale when `scaled` is True"),
-        (_grad_norm_of(args, scale=1 / d_head), "the scores are divided by d_head instead of √d_head"),
-        (_grad_norm_of(args, scale=scale, reduction="sum"),
-         "your loss is a sum: use the mean of the squared error, (out - target).pow(2).mean()"),
-        (_grad_norm_of(args, scale=scale, wrt=2), "that is the gradient reaching W_K; measure the one reaching W_Q"),
+    for key, hint in (
+        ("unscaled", "the scores are not divided by √d_head, but scaled=True asks for it"),
+        ("scaled", "the scores are divided by √d_head although scaled=False: only scale when `scaled` is True"),
+        ("by_d_head", "the scores are divided by d_head instead of √d_head"),
+        ("summed", "your loss is a sum: use the mean of the squared error, (out - target).pow(2).mean()"),
+        ("w_k", "that is the gradient reaching W_K; measure the one reaching W_Q"),
     ):
-        if near(candidate) and not near(expected):
+        if near(norms[key]) and not near(expected):
             fail(f"{flag}: {hint}")
     if got == 0:
         fail(f"{flag}: no gradient reached W_Q: do not detach q or the weights, and do not compute them under "
