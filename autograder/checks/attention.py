@@ -305,12 +305,16 @@ def _sdpa_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tens
 
 @core.recorded
 def _sdpa_answers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> dict[str, Any]:
-    """The output and weights of attention with ``mask``, in float64, and the outputs of the scale mistakes."""
+    """The output and weights of attention with ``mask``, in float64; the outputs of the scale mistakes and the
+    weights with the mask inverted."""
     d_head = q.shape[-1]
     out, weights = _sdpa_of(q, k, v, mask)
-    return {"out": out, "weights": weights,
-            "unscaled_out": _sdpa_of(q.double() * math.sqrt(d_head), k, v, mask)[0],
-            "d_k_out": _sdpa_of(q.double() / math.sqrt(d_head), k, v, mask)[0]}
+    answers = {"out": out, "weights": weights,
+               "unscaled_out": _sdpa_of(q.double() * math.sqrt(d_head), k, v, mask)[0],
+               "d_k_out": _sdpa_of(q.double() / math.sqrt(d_head), k, v, mask)[0]}
+    if mask is not None:
+        answers["inverted_weights"] = _sdpa_of(q, k, v, ~mask)[1]
+    return answers
 
 
 @core.recorded
@@ -321,6 +325,33 @@ def _sdpa_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.T
     out, _ = _sdpa_of(qd, kd, vd, mask)
     (out * cotangent.double()).sum().backward()
     return [qd.grad, kd.grad, vd.grad]
+
+
+_POLARITY = "your mask has the wrong polarity: True = may attend; fill where the mask is False (~mask)"
+
+
+def _judge_sdpa_mask(w: torch.Tensor, mask: torch.Tensor, answers: dict[str, Any], tol: dict[str, float]) -> None:
+    """With a mask: inverted polarity first (the weights of ~mask on the rows that see some keys and not others,
+    whatever the fill and the zeroing), then masked keys that keep some weight."""
+    ref_w = answers["weights"]
+    allowed = mask.expand(ref_w.shape)
+    live, mixed = allowed.any(dim=-1), allowed.any(dim=-1) & ~allowed.all(dim=-1)
+    if mixed.any() and torch.isfinite(w[mixed]).all() and torch.allclose(w[mixed], answers["inverted_weights"][mixed],
+                                                                          **tol):
+        fail(_POLARITY)
+    if not torch.isfinite(w).all():
+        if not live.all():
+            fail("a query whose keys are all masked gives NaN: a -inf fill makes softmax 0/0. Fill with "
+                 "torch.finfo(scores.dtype).min and set the weights of fully masked rows to 0")
+        return
+    if torch.equal(w != 0, ~allowed & live.unsqueeze(-1)) or (w * allowed).abs().amax() < 1e-6 < w.abs().amax():
+        fail(_POLARITY)
+    if ((w.abs() > 1e-3) & ~allowed).any():
+        if live.all() and torch.allclose(w.sum(-1), torch.ones(()).double(), atol=1e-3):
+            fail("masked keys still get weight: fill the scores where mask is False with a very negative number "
+                 "before softmax. -1e4 is not enough when scores are large; use torch.finfo(dtype).min")
+        fail("masked keys still get weight, or fully masked rows are not zero: fill the scores where "
+             "mask is False before softmax, and zero the weights of rows with no key left")
 
 
 def _judge_sdpa(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
@@ -342,26 +373,13 @@ def _judge_sdpa(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
     if weights.dtype != q.dtype or out.dtype != q.dtype:
         fail(f"keep the input dtype {q.dtype}; got output {out.dtype} and weights {weights.dtype}")
     w = weights.double()
+    if mask is not None:
+        _judge_sdpa_mask(w, mask, answers, tol)
     if not torch.isfinite(w).all():
-        if mask is not None and not mask.any(dim=-1).all():
-            fail("a query whose keys are all masked gives NaN: a -inf fill makes softmax 0/0. Fill with "
-                 "torch.finfo(scores.dtype).min and set the weights of fully masked rows to 0")
         fail("your weights contain NaN or inf: use your stable softmax and a finite fill value "
              "(-1e9 overflows to -inf in float16; torch.finfo(dtype).min does not)")
     live = torch.ones(ref_w.shape[:-1], dtype=torch.bool) if mask is None else mask.expand(ref_w.shape).any(dim=-1)
-    if mask is not None:
-        allowed = mask.expand(ref_w.shape)
-        leaked = (w.abs() > 1e-3) & ~allowed
-        if torch.equal(weights != 0, ~allowed & live.unsqueeze(-1)) or (w * allowed).abs().amax() < 1e-6 < w.abs().amax():
-            fail("your mask has the wrong polarity: True = may attend; fill where the mask is False (~mask)")
-        if leaked.any():
-            if live.all() and torch.allclose(w.sum(-1), torch.ones(()).double(), atol=1e-3):
-                fail("masked keys still get weight: fill the scores where mask is False with a very negative number "
-                     "before softmax. -1e4 is not enough when scores are large; use torch.finfo(dtype).min")
-            fail("masked keys still get weight, or fully masked rows are not zero: fill the scores where "
-                 "mask is False before softmax, and zero the weights of rows with no key left")
-    sums = w.sum(dim=-1)
-    if not torch.allclose(sums[live], torch.ones(()).double(), atol=1e-2):
+    if not torch.allclose(w.sum(dim=-1)[live], torch.ones(()).double(), atol=1e-2):
         if mask is not None and (w <= ref_w + 1e-6).all():
             fail("your weights do not sum to 1: apply the mask to the scores BEFORE the softmax, not to the weights after")
         fail("your weights do not sum to 1 over the keys: softmax over dim=-1 (the keys), not dim=-2")

@@ -266,7 +266,7 @@ def _by_hand(inputs: dict, bug: str | None = None) -> Tensor:
     b_q, b_k, b_v = (None, None, None)
     if "in_proj.bias" in state and bug != "no_in_proj_bias":
         b_q, b_k, b_v = state["in_proj.bias"].split(sizes)
-    source = x if context is None else context
+    source = x if context is None or bug == "context_ignored" else context
     q = F.linear(source if bug == "query_from_context" else x, w_q, b_q)
     k, v = F.linear(source, w_k, b_k), F.linear(source, w_v, b_v)
     if bug == "kv_swapped":
@@ -307,6 +307,8 @@ _MHA_MISTAKES = {
     "by √d_head, do not scale q yourself as well",
     "kv_swapped": "keys and values are swapped: in_proj packs [W_Q; W_K; W_V] in that order",
     "query_from_context": "in cross-attention the queries come from x; only keys and values come from context",
+    "context_ignored": "your module ignores context: forward(x, context) is cross-attention, with the keys and values "
+    "projected from context (the K/V rows of in_proj applied to it) and only the queries from x; yours attends over x",
     "no_in_proj_bias": "the in_proj bias is missing: project with self.in_proj (weight and bias)",
     "kv_heads_tiled": "your K/V heads are tiled (0, 1, 0, 1, …): query head i must use K/V head i // group "
     "(repeat_interleave), not i % n_kv_heads",
@@ -590,6 +592,8 @@ CHECKS: dict[str, Check] = {
         visible=(
             _mha_case("self-attention equals nn.MultiheadAttention with the same weights",
                       "self-attention differs from nn.MultiheadAttention with the same weights"),
+            _mha_case("cross-attention to a longer context",
+                      "cross-attention (queries from x, keys and values from context) is wrong", cross=True),
             _mha_case("cross-attention to a longer context, with a key padding mask",
                       "cross-attention (queries from x, keys/values from context, mask True = may attend) is wrong",
                       cross=True, padding=True),

@@ -128,7 +128,7 @@ def padding_on_queries(tokens, pad_id):
 
 
 def _sdpa(*, scale="sqrt", fill="finfo", zero_dead_rows=True, softmax_dim=-1, after=False, invert=False,
-          detach=False, check=True):
+          detach=False, check=True, zero_by_mask=False):
     def sdpa(q, k, v, mask=None):
         if check and mask is not None and mask.dtype != torch.bool:
             raise ValueError(f"mask must be a bool tensor with True = may attend; got dtype {mask.dtype}")
@@ -148,7 +148,7 @@ def _sdpa(*, scale="sqrt", fill="finfo", zero_dead_rows=True, softmax_dim=-1, af
             if after:
                 weights = weights.masked_fill(~keep, 0.0)
             elif zero_dead_rows:
-                weights = weights * keep.any(dim=-1, keepdim=True)
+                weights = weights * (mask if zero_by_mask else keep).any(dim=-1, keepdim=True)
         return einsum(weights, v, "... seq_q seq_k, ... seq_k d_head -> ... seq_q d_head"), weights
 
     return sdpa
@@ -246,6 +246,10 @@ MUTANTS: list[Mutant] = [
            "zeroes masked weights after the softmax: rows no longer sum to 1", _sdpa(after=True)),
     Mutant("sdpa_inverted_mask", "scaled_dot_product_attention",
            "fills where the mask is True (True read as 'ignore')", _sdpa(invert=True)),
+    Mutant("sdpa_inverted_mask_rows_zeroed", "scaled_dot_product_attention",
+           "masked_fill(mask, torch.finfo(dtype).min): fills where the mask is True, then zeroes the rows of "
+           "mask.any() as the text says; a query that may see every key gets uniform weights over none",
+           _sdpa(invert=True, zero_by_mask=True)),
     Mutant("sdpa_fill_minus_1e4", "scaled_dot_product_attention",
            "fills masked scores with -1e4 (Hugging Face BERT's extended attention mask used -10000.0 before "
            "torch.finfo(dtype).min): masked keys leak when the real scores are below about -1e4",
