@@ -254,9 +254,12 @@ def repeat_kv_heads_unchecked(x, n_heads):
 # --- query_gradient_norm ---
 
 
-def _grad_norm(*, scale="flag", reduction="mean", wrt="q", detach=False):
+def _grad_norm(*, scale="flag", reduction="mean", wrt="q", detach=False, leaf="copy"):
     def query_gradient_norm(x, w_q, w_k, w_v, target, *, scaled=True):
-        w_q = w_q.detach().requires_grad_(True)
+        if leaf == "copy":
+            w_q = w_q.detach().requires_grad_(True)
+        else:  # "caller" or "backward": the caller's own tensor becomes the leaf
+            w_q.requires_grad_(True)
         w_k = w_k.detach().requires_grad_(wrt == "k")
         q, k, v = x @ w_q, x @ w_k, x @ w_v
         scores = q @ k.transpose(-2, -1)
@@ -268,6 +271,9 @@ def _grad_norm(*, scale="flag", reduction="mean", wrt="q", detach=False):
             weights = weights.detach()
         error = (weights @ v - target).pow(2)
         loss = error.mean() if reduction == "mean" else error.sum()
+        if leaf == "backward":
+            loss.backward()
+            return w_q.grad.norm().item()
         (grad,) = torch.autograd.grad(loss, w_q if wrt == "q" else w_k, allow_unused=True)
         return 0.0 if grad is None else grad.norm().item()
 
@@ -363,6 +369,12 @@ MUTANTS: list[Mutant] = [
            _grad_norm(reduction="sum")),
     Mutant("grad_of_w_k", "query_gradient_norm", "measures the gradient reaching W_K instead of W_Q",
            _grad_norm(wrt="k")),
+    Mutant("grad_requires_grad_on_callers_w_q", "query_gradient_norm",
+           "w_q.requires_grad_(True) on the caller's tensor instead of a detached copy: the right number, but the "
+           "caller's W_Q now records every operation on it", _grad_norm(leaf="caller")),
+    Mutant("grad_backward_into_callers_w_q", "query_gradient_norm",
+           "loss.backward() into the caller's w_q: its .grad is left filled (and grows at every call)",
+           _grad_norm(leaf="backward")),
     Mutant("grad_detached_weights", "query_gradient_norm",
            "attention weights detached: no gradient reaches W_Q (reported as 0)", _grad_norm(detach=True)),
 ]
