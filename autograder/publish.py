@@ -10,12 +10,15 @@ edition written to ``DEST`` holds what learners need and nothing they must not s
   replaced by a module that raises ``ImportError`` saying it is withheld. Publishing again
   with more ``--answers`` releases those chapters' answers;
 * ``autograder/``: the checks with every ``Check``'s hidden cases removed (``hidden=()``),
-  the self-check and the grader, without ``source/``. A chapter's checks compare with the
-  reference in functions marked ``@core.recorded``; for every checks module that needs a
-  withheld module, publishing runs its visible cases with the reference and saves those
-  functions' results in ``autograder/checks/recorded/<module>.pt`` (tensors and numbers, loaded
-  with ``weights_only=True``), and empties the marked functions' bodies: in the edition the
-  visible checks replay the reference's results and give the notebook's verdicts;
+  the self-check and the grader, without ``source/``. A chapter's checks compute what is an
+  answer (with the reference, or by their own code) only in functions marked
+  ``@core.recorded``; for every checks module that needs a withheld module, publishing runs its
+  visible cases with the reference and saves those functions' results in
+  ``autograder/checks/recorded/<module>.pt`` (tensors and numbers, loaded with
+  ``weights_only=True``), and empties the marked functions' bodies (helpers only they used go
+  too): in the edition the visible checks replay the reference's results and give the
+  notebook's verdicts, and no code of theirs computes a withheld answer
+  (tests/test_publish.py traces this);
 * ``binder/``, ``pyproject.toml``, ``Makefile``, ``.gitignore``, ``scripts/install_torch.py`` and
   a short README: ``make lab`` works there as here.
 

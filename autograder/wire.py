@@ -75,7 +75,12 @@ def _to_json(obj: Any, depth: int) -> Any:
         if name not in _DTYPES:
             raise TypeError(f"cannot send tensors of dtype {t.dtype}")
         raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""  # reshape: 0-dim too
-        return {"__tensor__": name, "shape": list(t.shape), "data": base64.b64encode(raw).decode("ascii")}
+        sent = {"__tensor__": name, "shape": list(t.shape), "data": base64.b64encode(raw).decode("ascii")}
+        if obj.is_leaf and obj.requires_grad:  # autograd state of a tensor the learner was given (and may change)
+            sent["requires_grad"] = True
+        if obj.is_leaf and obj.grad is not None:
+            sent["grad"] = _to_json(obj.grad, depth + 1)
+        return sent
     if obj is None or isinstance(obj, (bool, int, str)):
         return obj
     if isinstance(obj, float):
@@ -102,9 +107,18 @@ def _tensor_from_json(obj: dict) -> torch.Tensor:
     count = math.prod(shape)
     if len(raw) != count * torch.empty((), dtype=dtype).element_size():
         raise ProtocolError("tensor data does not match its shape and dtype")
-    if count == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape).clone()
+    t = torch.empty(shape, dtype=dtype) if count == 0 else (
+        torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape).clone())
+    if obj.get("requires_grad") is True:
+        if not t.is_floating_point():
+            raise ProtocolError("only a float tensor can require a gradient")
+        t.requires_grad_(True)
+    if "grad" in obj:
+        grad = _tensor_from_json(obj["grad"]) if isinstance(obj["grad"], dict) else None
+        if grad is None or grad.shape != t.shape or grad.dtype != t.dtype or "grad" in obj["grad"]:
+            raise ProtocolError("malformed gradient")
+        t.grad = grad
+    return t
 
 
 def _from_json(obj: Any, depth: int) -> Any:

@@ -223,7 +223,7 @@ def test_student_edition_visible_verdicts_match_the_repository(edition):
     here, there = _visible_verdicts(ROOT), _visible_verdicts(edition)
     assert here["solutions"] == str(ROOT / "solutions") and there["solutions"] == str(edition / "solutions")
     assert not any(here["replayed"].values())
-    compared = [c.checks for c in registry.CHAPTERS if c.number >= 2]
+    compared = [c.checks for c in registry.CHAPTERS]  # each computes its answers in @core.recorded functions
     assert sorted(m for m, replayed in there["replayed"].items() if replayed) == sorted(compared)
     for chapter in registry.CHAPTERS:
         references = {k: v for k, v in here["verdicts"].items() if k.startswith(f"reference {chapter.checks}:")}
@@ -256,7 +256,7 @@ def test_student_edition_recordings_are_data_and_the_checks_hold_no_reference_co
 
     folder = edition / "autograder" / "checks" / "recorded"
     files = sorted(folder.iterdir())
-    assert [p.stem for p in files] == sorted(c.checks.rsplit(".", 1)[1] for c in registry.CHAPTERS if c.number >= 2)
+    assert [p.stem for p in files] == sorted(c.checks.rsplit(".", 1)[1] for c in registry.CHAPTERS)
     assert sum(p.stat().st_size for p in files) < 256 * 1024
     for path in files:
         assert all(not n.endswith(".py") for n in zipfile.ZipFile(path).namelist())
@@ -264,12 +264,12 @@ def test_student_edition_recordings_are_data_and_the_checks_hold_no_reference_co
         assert table and all(isinstance(k, str) for k in table)
         strings = [v for v in _plain_values(list(table.values())) if isinstance(v, str)]
         assert not [s for s in strings if re.search(r"\b(def|return|import|lambda)\b|[(){}=]", s)], strings[:5]
-    for chapter in registry.CHAPTERS[1:]:
+    for chapter in registry.CHAPTERS:
         source = (edition / Path(*chapter.checks.split("."))).with_suffix(".py").read_text()
         # the reference is named only where it is imported; the functions that computed with it are empty
         assert not re.search(r"\b(ref|reference|multihead|transformer)\.\w+", source.replace("core.reference(", "")), \
             chapter.checks
-        assert "_decoder_by_hand" not in source
+        assert not re.search(r"\b(_decoder_by_hand|_by_hand|_sdpa_of|_grad_norm_of)\b", source), chapter.checks
     # a call that was not recorded (another seed, say) says why it cannot be checked here
     out = _in_edition(edition, "from autograder.checks import positional, core\n"
                                "try:\n    positional._ref_slopes(99)\n"
@@ -277,6 +277,70 @@ def test_student_edition_recordings_are_data_and_the_checks_hold_no_reference_co
     assert out.returncode == 0 and "runs in your instructor's grading only" in out.stdout, out.stdout + out.stderr
     out = _in_edition(edition, "import solutions.positional")
     assert out.returncode != 0 and "withheld in this student edition" in out.stderr
+
+
+@pytest.mark.slow
+def test_student_edition_checks_compute_no_withheld_answer(edition):
+    """Every chapter withheld: no code of the edition's checks computes a withheld exercise's answer.
+
+    Why a trace and not a rule on the source: an answer is computed inline in a judge as often as in a helper
+    (``expected = j <= i + (seq_k - seq_q)``), or by a helper whose default arguments give the answer while the
+    checks only call it with a mistake's (``_sinusoid_variant``). No rule on the source can tell a one-line
+    answer from a one-line mistake or property, but its value can: tests/edition_leaks.py runs each visible
+    case in the edition, judging the outputs of the reference and of every planted mistake (so the hint paths
+    run), and calls each private function with the case's inputs, while it labels every tensor by where it
+    came from. A tensor that the checks computed from the inputs (not replayed from a recording, not the
+    learner's output, not PyTorch's own F.scaled_dot_product_attention, nn.MultiheadAttention, torchvision...)
+    and that equals the reference's output is a leak, reported with the function that made it. Its own
+    labelling is tested in test_edition_leak_labels_what_the_checks_compute_from_the_inputs below."""
+    exercises = json.dumps([[c.checks, e.name, e.reference] for c in registry.CHAPTERS for e in c.exercises])
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "edition_leaks.py"), str(ROOT), exercises],
+                         cwd=edition, env={**os.environ, "PYTHONPATH": str(edition)}, capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout)
+    assert found["cases"] == sum(len(check.visible) for c in registry.CHAPTERS for check in c.load_checks().values())
+    assert not found["leaks"], "the edition's checks compute withheld answers:\n" + "\n".join(
+        f"  {case}: {', '.join(where)}" for case, where in found["leaks"].items())
+
+
+def test_edition_leak_labels_what_the_checks_compute_from_the_inputs(tmp_path):
+    """The labelling behind the test above: an answer computed by the checks' code is found (inline, in place,
+    through einops), one replayed from a recording, computed by PyTorch's own function, or judged from the
+    learner's output is not."""
+    import torch
+    from einops import rearrange
+
+    import edition_leaks
+
+    checks = tmp_path / "fake_checks.py"
+    checks.write_text(
+        "import torch\nfrom einops import rearrange\n\n"
+        "def inline(x):\n    return x.transpose(0, 1).reshape(2, 6)\n\n"
+        "def in_place(x):\n    out = torch.zeros(2, 6)\n    out[:] = rearrange(x, 'a b -> b a').reshape(2, 6)\n"
+        "    return out\n\n"
+        "def replayed(recorded):\n    return recorded * 1.0\n\n"
+        "def pytorch(x):\n    return torch.softmax(x, dim=-1)\n\n"
+        "def judged(out):\n    copy = torch.zeros(2, 6)\n    copy[:] = out\n    return copy\n")
+    namespace: dict = {}
+    exec(compile(checks.read_text(), str(checks), "exec"), namespace)
+    x = torch.randn(6, 2)
+    layout, probs = rearrange(x, "a b -> b a").reshape(2, 6), torch.softmax(x, dim=-1)
+    mode = edition_leaks.Provenance({str(checks)}, (str(Path(rearrange.__code__.co_filename).parent),))
+    found = {}
+    for name, arg, answer, label in (("inline", x, layout, None), ("in_place", x, layout, None),
+                                     ("replayed", layout.clone(), layout, "R"), ("pytorch", x, probs, None),
+                                     ("judged", layout.clone(), layout, "O")):
+        mode.start([])
+        if label:
+            mode.tag(arg, label)
+        with mode:
+            result = namespace[name](arg)
+        found[name] = mode.leaks([answer], result)
+    assert found["inline"] == {"inline (line 5 in the edition)"}
+    # the buffer filled in place (line 8), and the layout made through einops (line 9)
+    assert found["in_place"] == {"in_place (line 8 in the edition)", "in_place (line 9 in the edition)"}
+    assert found["replayed"] == found["pytorch"] == found["judged"] == set()
 
 
 @pytest.mark.slow

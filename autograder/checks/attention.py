@@ -2,19 +2,29 @@
 
 The references are computed here from plain ``torch`` operations and
 ``F.scaled_dot_product_attention``, independently of ``solutions``; the judges
-then look for the usual mistakes to name them in the hint.
+then look for the usual mistakes to name them in the hint. What computes an
+exercise's answer (the scores, the masks, attention with masks) is in functions
+marked ``@core.recorded``: a student edition that withholds this chapter replays
+their results on the visible cases and holds none of their code.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from torch.nn.attention.bias import causal_lower_right
+
 from autograder.checks import core
 from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
+
+# Not called here (the answers are computed independently of it): where a student edition withholds it, this is a
+# core.Withheld and the @core.recorded functions below replay their recorded results.
+reference = core.reference("solutions.attention")
 
 
 def _randn(gen: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> torch.Tensor:
@@ -45,11 +55,17 @@ def _scores_inputs(*lead: int, seq_q: int, seq_k: int, d_head: int, dtype: torch
     return inputs
 
 
+@core.recorded
+def _scores_of(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """q kᵀ / √d_k, computed in float64, in q's dtype."""
+    return (q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.shape[-1])).to(q.dtype)
+
+
 def _judge_scores(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
     q, k = inputs["args"]
     got = _out(outputs)
     d_head = q.shape[-1]
-    expected = (q.double() @ k.double().transpose(-2, -1) / math.sqrt(d_head)).to(q.dtype)
+    expected = _scores_of(q, k)
     if isinstance(got, torch.Tensor) and got.shape == expected.shape and got.dtype != q.dtype:
         fail(f"keep the input dtype: q is {q.dtype}, your scores are {got.dtype}")
     if isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(expected.transpose(-2, -1).shape) and q.shape[-2] != k.shape[-2]:
@@ -114,35 +130,53 @@ def _causal_inputs(seq_q: int | None = None, seq_k: int | None = None, *, extra:
     return inputs
 
 
-def _bad_causal_inputs(*choices: tuple[tuple[int, ...], str]):
-    """One of ``choices`` ((args, the argument the error must name)), drawn from ``gen``."""
+def _bad_calls(*calls: tuple[str, tuple, dict, str]):
+    """Every call of ``calls`` ((what it looks like, args, kwargs, the argument its ValueError must name)) in
+    turn, for the ``call_each`` probe: one case tries every rule it lists, whatever the seed. Tensor
+    arguments are given as functions of ``gen``."""
 
     def inputs(gen: torch.Generator) -> dict[str, Any]:
-        args, argument = choices[int(torch.randint(len(choices), (), generator=gen))]
-        return {"args": args, "argument": argument, "call": f"causal_mask{args}".replace(",)", ")")}
+        made = [(tuple(a(gen) if callable(a) else a for a in args), kwargs) for _, args, kwargs, _ in calls]
+        return {"calls": made, "rules": [(call, argument) for call, _, _, argument in calls]}
 
     return inputs
 
 
-def _judge_value_error(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
-    """The call must raise a ValueError whose message names ``inputs["argument"]``."""
-    argument, error, call = inputs["argument"], outputs["error"], inputs["call"]
+def _causal_bad(*sizes: tuple[tuple[int, ...], str]):
+    return _bad_calls(*((f"causal_mask{args}".replace(",)", ")"), args, {}, argument) for args, argument in sizes))
+
+
+def _expect_value_error(call: str, argument: str, error: dict[str, str] | None) -> None:
+    """``call`` must have raised a ValueError whose message names ``argument`` (as a word)."""
     if error is None:
         fail(f"{call} must raise ValueError naming {argument}, but your code returned a result: check the "
              "arguments first and say what to pass instead")
     if error["type"] != "ValueError":
         fail(f"{call} must raise ValueError naming {argument}; your code raised {error['type']}: {error['message']}")
-    if argument not in error["message"]:
+    if not re.search(rf"\b{re.escape(argument)}\b", error["message"]):
         fail(f"{call}: your ValueError should name {argument} and say what to pass; it said {error['message']!r}")
+
+
+def _judge_value_errors(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+    """Each call must raise its ValueError; the hint names the first rule that is not checked."""
+    for (call, argument), result in zip(inputs["rules"], outputs["results"]):
+        _expect_value_error(call, argument, result["error"])
+
+
+@core.recorded
+def _causal_masks(seq_q: int, seq_k: int) -> dict[str, torch.Tensor]:
+    """The end-aligned causal mask ("expected") and the masks of the usual mistakes."""
+    i, j, offset = torch.arange(seq_q).unsqueeze(1), torch.arange(seq_k).unsqueeze(0), seq_k - seq_q
+    return {"expected": j <= i + offset, "no_diagonal": j < i + offset, "next_visible": j <= i + offset + 1,
+            "top_left": j <= i}
 
 
 def _judge_causal(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
     seq_q = inputs["args"][0]
     seq_k = inputs["args"][1] if len(inputs["args"]) > 1 else seq_q
     got = _out(outputs)
-    i = torch.arange(seq_q).unsqueeze(1)
-    j = torch.arange(seq_k).unsqueeze(0)
-    expected = j <= i + (seq_k - seq_q)
+    masks = _causal_masks(seq_q, seq_k)
+    expected = masks["expected"]
     if not isinstance(got, torch.Tensor):
         fail(f"expected a torch.Tensor, got {type(got).__name__}")
     if got.dtype != torch.bool:
@@ -151,13 +185,13 @@ def _judge_causal(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
         fail(f"wrong shape: got {tuple(got.shape)}, expected (seq_q, seq_k) = {(seq_q, seq_k)}")
     if torch.equal(got, expected):
         return
-    if torch.equal(got, ~expected) or (seq_q > 1 and torch.equal(got, ~(j < i + (seq_k - seq_q)))):
+    if torch.equal(got, ~expected) or (seq_q > 1 and torch.equal(got, ~masks["no_diagonal"])):
         fail("your mask has the wrong polarity: True must mean 'may attend' (the past and the token itself)")
-    if torch.equal(got, j < i + (seq_k - seq_q)):
+    if torch.equal(got, masks["no_diagonal"]):
         fail("a token must see itself: keep the diagonal (tril with diagonal=0, not -1)")
-    if torch.equal(got, j <= i + (seq_k - seq_q) + 1):
+    if torch.equal(got, masks["next_visible"]):
         fail("your mask lets each token see the next one: the diagonal is off by one")
-    if seq_k != seq_q and torch.equal(got, j <= i):
+    if seq_k != seq_q and torch.equal(got, masks["top_left"]):
         fail("with seq_k > seq_q (earlier keys in a cache) align the mask to the end: query i sees keys "
              "j <= i + (seq_k - seq_q), i.e. tril(diagonal=seq_k - seq_q); the last query sees every key")
     expect_close(got, expected, "query i may attend key j iff j <= i + (seq_k - seq_q)")
@@ -183,11 +217,20 @@ def _padding_inputs(batch: int, seq_k: int, *, pad_id: int = 0, left: bool = Fal
     return inputs
 
 
+@core.recorded
+def _padding_masks(tokens: torch.Tensor, pad_id: int) -> dict[str, torch.Tensor]:
+    """True on the real tokens, shaped to broadcast over the keys ("expected"), and the same with pad id 0."""
+    batch, seq_k = tokens.shape
+    return {"expected": (tokens != pad_id).reshape(batch, 1, 1, seq_k),
+            "pad_zero": (tokens != 0).reshape(batch, 1, 1, seq_k)}
+
+
 def _judge_padding(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
     tokens, pad_id = inputs["args"]
     got = _out(outputs)
     batch, seq_k = tokens.shape
-    expected = (tokens != pad_id).reshape(batch, 1, 1, seq_k)
+    masks = _padding_masks(tokens, pad_id)
+    expected = masks["expected"]
     if not isinstance(got, torch.Tensor):
         fail(f"expected a torch.Tensor, got {type(got).__name__}")
     if got.dtype != torch.bool:
@@ -203,7 +246,7 @@ def _judge_padding(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
         return
     if torch.equal(got, ~expected):
         fail("wrong polarity: True must mean 'real token, may attend', False = padding")
-    if pad_id != 0 and torch.equal(got, (tokens != 0).reshape(batch, 1, 1, seq_k)):
+    if pad_id != 0 and torch.equal(got, masks["pad_zero"]):
         fail(f"use the pad_id argument (here {pad_id}), not a hard-coded 0")
     expect_close(got, expected, "True where tokens != pad_id, False on padding")
 
@@ -223,7 +266,7 @@ def _sdpa_inputs(batch: int, heads: int, seq_q: int, seq_k: int, d_head: int, *,
             q, k = -q.abs() * 150, k.abs() * 150
         m = None
         if mask == "causal":
-            m = torch.ones(seq_q, seq_k, dtype=torch.bool).tril(diagonal=seq_k - seq_q)
+            m = causal_lower_right(seq_q, seq_k)._materialize()  # PyTorch's own end-aligned mask
         elif mask == "padding":
             lengths = torch.randint(1, seq_k + 1, (batch,), generator=gen)
             lengths[0] = max(1, seq_k // 2)
@@ -244,7 +287,7 @@ def _sdpa_inputs(batch: int, heads: int, seq_q: int, seq_k: int, d_head: int, *,
     return inputs
 
 
-def _reference_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
+def _sdpa_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
     """F.scaled_dot_product_attention in float64, with fully masked rows set to zero; and the weights."""
     q, k, v = q.double(), k.double(), v.double()
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
@@ -260,10 +303,62 @@ def _reference_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     return out, weights
 
 
+@core.recorded
+def _sdpa_answers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> dict[str, Any]:
+    """The output and weights of attention with ``mask``, in float64; the outputs of the scale mistakes and the
+    weights with the mask inverted."""
+    d_head = q.shape[-1]
+    out, weights = _sdpa_of(q, k, v, mask)
+    answers = {"out": out, "weights": weights,
+               "unscaled_out": _sdpa_of(q.double() * math.sqrt(d_head), k, v, mask)[0],
+               "d_k_out": _sdpa_of(q.double() / math.sqrt(d_head), k, v, mask)[0]}
+    if mask is not None:
+        answers["inverted_weights"] = _sdpa_of(q, k, v, ~mask)[1]
+    return answers
+
+
+@core.recorded
+def _sdpa_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                cotangent: torch.Tensor) -> list[torch.Tensor]:
+    """The gradients of sum(output · cotangent) with respect to q, k and v, in float64."""
+    qd, kd, vd = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    out, _ = _sdpa_of(qd, kd, vd, mask)
+    (out * cotangent.double()).sum().backward()
+    return [qd.grad, kd.grad, vd.grad]
+
+
+_POLARITY = "your mask has the wrong polarity: True = may attend; fill where the mask is False (~mask)"
+
+
+def _judge_sdpa_mask(w: torch.Tensor, mask: torch.Tensor, answers: dict[str, Any], tol: dict[str, float]) -> None:
+    """With a mask: inverted polarity first (the weights of ~mask on the rows that see some keys and not others,
+    whatever the fill and the zeroing), then masked keys that keep some weight."""
+    ref_w = answers["weights"]
+    allowed = mask.expand(ref_w.shape)
+    live, mixed = allowed.any(dim=-1), allowed.any(dim=-1) & ~allowed.all(dim=-1)
+    if mixed.any() and torch.isfinite(w[mixed]).all() and torch.allclose(w[mixed], answers["inverted_weights"][mixed],
+                                                                          **tol):
+        fail(_POLARITY)
+    if not torch.isfinite(w).all():
+        if not live.all():
+            fail("a query whose keys are all masked gives NaN: a -inf fill makes softmax 0/0. Fill with "
+                 "torch.finfo(scores.dtype).min and set the weights of fully masked rows to 0")
+        return
+    if torch.equal(w != 0, ~allowed & live.unsqueeze(-1)) or (w * allowed).abs().amax() < 1e-6 < w.abs().amax():
+        fail(_POLARITY)
+    if ((w.abs() > 1e-3) & ~allowed).any():
+        if live.all() and torch.allclose(w.sum(-1), torch.ones(()).double(), atol=1e-3):
+            fail("masked keys still get weight: fill the scores where mask is False with a very negative number "
+                 "before softmax. -1e4 is not enough when scores are large; use torch.finfo(dtype).min")
+        fail("masked keys still get weight, or fully masked rows are not zero: fill the scores where "
+             "mask is False before softmax, and zero the weights of rows with no key left")
+
+
 def _judge_sdpa(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
     q, k, v, mask = inputs["args"]
     got = _out(outputs)
-    ref_out, ref_w = _reference_sdpa(q, k, v, mask)
+    answers = _sdpa_answers(q, k, v, mask)
+    ref_out, ref_w = answers["out"], answers["weights"]
     tol = _tol(q.dtype)
     if "grads" in outputs:  # call_with_grad keeps only the output
         _judge_grads(inputs, outputs, ref_out)
@@ -278,35 +373,21 @@ def _judge_sdpa(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
     if weights.dtype != q.dtype or out.dtype != q.dtype:
         fail(f"keep the input dtype {q.dtype}; got output {out.dtype} and weights {weights.dtype}")
     w = weights.double()
+    if mask is not None:
+        _judge_sdpa_mask(w, mask, answers, tol)
     if not torch.isfinite(w).all():
-        if mask is not None and not mask.any(dim=-1).all():
-            fail("a query whose keys are all masked gives NaN: a -inf fill makes softmax 0/0. Fill with "
-                 "torch.finfo(scores.dtype).min and set the weights of fully masked rows to 0")
         fail("your weights contain NaN or inf: use your stable softmax and a finite fill value "
              "(-1e9 overflows to -inf in float16; torch.finfo(dtype).min does not)")
     live = torch.ones(ref_w.shape[:-1], dtype=torch.bool) if mask is None else mask.expand(ref_w.shape).any(dim=-1)
-    if mask is not None:
-        allowed = mask.expand(ref_w.shape)
-        leaked = (w.abs() > 1e-3) & ~allowed
-        if torch.equal(weights != 0, ~allowed & live.unsqueeze(-1)) or (w * allowed).abs().amax() < 1e-6 < w.abs().amax():
-            fail("your mask has the wrong polarity: True = may attend; fill where the mask is False (~mask)")
-        if leaked.any():
-            if live.all() and torch.allclose(w.sum(-1), torch.ones(()).double(), atol=1e-3):
-                fail("masked keys still get weight: fill the scores where mask is False with a very negative number "
-                     "before softmax. -1e4 is not enough when scores are large; use torch.finfo(dtype).min")
-            fail("masked keys still get weight, or fully masked rows are not zero: fill the scores where "
-                 "mask is False before softmax, and zero the weights of rows with no key left")
-    sums = w.sum(dim=-1)
-    if not torch.allclose(sums[live], torch.ones(()).double(), atol=1e-2):
+    if not torch.allclose(w.sum(dim=-1)[live], torch.ones(()).double(), atol=1e-2):
         if mask is not None and (w <= ref_w + 1e-6).all():
             fail("your weights do not sum to 1: apply the mask to the scores BEFORE the softmax, not to the weights after")
         fail("your weights do not sum to 1 over the keys: softmax over dim=-1 (the keys), not dim=-2")
     if (w[~live] != 0).any():
         fail("a query whose keys are all masked must attend to nothing: its weights and output should be 0")
-    d_head = q.shape[-1]
-    for factor, hint in ((math.sqrt(d_head), "the scores are not divided by √d_k: your weights are too peaked"),
-                         (1 / math.sqrt(d_head), "the scores are divided by d_k instead of √d_k: your weights are too flat")):
-        scaled, _ = _reference_sdpa(q * factor, k, v, mask)
+    for key, hint in (("unscaled_out", "the scores are not divided by √d_k: your weights are too peaked"),
+                      ("d_k_out", "the scores are divided by d_k instead of √d_k: your weights are too flat")):
+        scaled = answers[key]
         if q.dtype != torch.float16 and not torch.allclose(ref_out, scaled, atol=1e-4) and torch.allclose(out.double(), scaled, **tol):
             fail(hint)
     expect_close(weights, ref_w.to(q.dtype), "weights differ from softmax(q kᵀ / √d_k) with the mask", **tol)
@@ -316,11 +397,9 @@ def _judge_sdpa(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
 def _judge_grads(inputs: dict[str, Any], outputs: dict[str, Any], ref_out: torch.Tensor) -> None:
     q, k, v, mask = inputs["args"]
     tol = _tol(q.dtype)
+    ref_grads = _sdpa_grads(q, k, v, mask, inputs["cotangent"])
     expect_close(outputs["out"], ref_out.to(q.dtype), "output differs from softmax(q kᵀ / √d_k) v", **tol)
-    qd, kd, vd = (t.double().requires_grad_(True) for t in (q, k, v))
-    ref, _ = _reference_sdpa(qd, kd, vd, mask)
-    (ref * inputs["cotangent"].double()).sum().backward()
-    for name, g, r in zip("qkv", outputs["grads"], (qd.grad, kd.grad, vd.grad)):
+    for name, g, r in zip("qkv", outputs["grads"], ref_grads):
         if g is None or (g.abs().amax() == 0 and r.abs().amax() > 0):
             fail(f"no gradient reaches {name}: do not detach, use .data, or compute under torch.no_grad() "
                  "— the model could not learn its projections")
@@ -347,18 +426,18 @@ def _tiled_inputs(lead: tuple[int, ...], seq_q: int, seq_k: int, d_head: int, bl
     return inputs
 
 
-def _tiled_bad_inputs(gen: torch.Generator) -> dict[str, Any]:
-    q, k, v = (_randn(gen, 1, 2, 4, 4) for _ in range(3))
-    block_size = (0, -8)[int(torch.randint(2, (), generator=gen))]
-    return {"args": (q, k, v), "kwargs": {"block_size": block_size}, "argument": "block_size",
-            "call": f"tiled_attention(q, k, v, block_size={block_size})"}
+def _qkv(gen: torch.Generator) -> torch.Tensor:
+    return _randn(gen, 1, 2, 3, 4)
 
 
-def _sdpa_float_mask_inputs(gen: torch.Generator) -> dict[str, Any]:
-    q, k, v = (_randn(gen, 1, 2, 3, 4) for _ in range(3))
-    mask = torch.ones(3, 3).tril()  # 0/1 floats: added to the scores, it would hide nothing
-    return {"args": (q, k, v, mask), "argument": "mask",
-            "call": "scaled_dot_product_attention(q, k, v, mask=<a float 0/1 mask>)"}
+def _tiled_bad(*sizes: Any):
+    return _bad_calls(*((f"tiled_attention(q, k, v, block_size={size})", (_qkv, _qkv, _qkv), {"block_size": size},
+                         "block_size") for size in sizes))
+
+
+_SDPA_FLOAT_MASK = _bad_calls(("scaled_dot_product_attention(q, k, v, mask=<a float 0/1 mask>)",
+                               # 0/1 floats: added to the scores, such a mask would hide nothing
+                               (_qkv, _qkv, _qkv, torch.ones(3, 3).tril()), {}, "mask"))
 
 
 def _judge_tiled(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
@@ -419,8 +498,9 @@ _SOFTMAX = (
 _CAUSAL = (
     _case("causal_mask(4)", _causal_inputs(4), _judge_causal),
     _case("3 queries after 3 cached keys: causal_mask(3, 6) is aligned to the end", _causal_inputs(3, 6), _judge_causal),
-    _case("seq_k < seq_q raises ValueError", _bad_causal_inputs(((5, 3), "seq_k")), _judge_value_error,
-          probe="call_or_error"),
+    _case("seq_k < seq_q raises ValueError", _causal_bad(((5, 3), "seq_k")), _judge_value_errors, probe="call_each"),
+    _case("sizes below 1 raise ValueError", _causal_bad(((0,), "seq_q"), ((3, 0), "seq_k")), _judge_value_errors,
+          probe="call_each"),
 )
 _PADDING = (
     _case("pad_id = 0, padding on the right", _padding_inputs(3, 6), _judge_padding),
@@ -438,8 +518,7 @@ _SDPA = (
     _case("float16 with a causal mask", _sdpa_inputs(1, 2, 4, 4, 8, mask="causal", dtype=torch.float16), _judge_sdpa),
     _case("gradients flow to q, k and v", _sdpa_inputs(1, 2, 3, 4, 8, mask="causal", grad=True), _judge_sdpa,
           probe="call_with_grad"),
-    _case("a float mask raises ValueError (_check_mask)", _sdpa_float_mask_inputs, _judge_value_error,
-          probe="call_or_error"),
+    _case("a float mask raises ValueError (_check_mask)", _SDPA_FLOAT_MASK, _judge_value_errors, probe="call_each"),
 )
 _TILED = (
     _case("equals F.scaled_dot_product_attention, 8 blocks of 8 keys", _tiled_inputs((1, 2), 6, 64, 4, 8),
@@ -448,7 +527,8 @@ _TILED = (
           probe="call_tracking_size"),
     _case("scores around ±2000 (float64): no overflow, no 0/0", _tiled_inputs((1, 1), 6, 24, 4, 5,
           dtype=torch.float64, large=True), _judge_tiled, probe="call_tracking_size"),
-    _case("block_size < 1 raises ValueError", _tiled_bad_inputs, _judge_value_error, probe="call_or_error"),
+    _case("block_size that is not a positive int (0, -8, 2.5) raises ValueError", _tiled_bad(0, -8, 2.5),
+          _judge_value_errors, probe="call_each"),
 )
 
 CHECKS: dict[str, Check] = {
@@ -481,8 +561,8 @@ CHECKS: dict[str, Check] = {
             _case("seq_q < seq_k: aligned to the end (a cache of earlier keys)", _causal_inputs(extra=3), _judge_causal),
             _case("one new query over 6 keys sees them all", _causal_inputs(1, 6), _judge_causal),
             _case("causal_mask(5, 5)", _causal_inputs(5, 5), _judge_causal),
-            _case("sizes below 1 raise ValueError", _bad_causal_inputs(((0,), "seq_q"), ((3, 0), "seq_k"), ((-2, 4), "seq_q")),
-                  _judge_value_error, probe="call_or_error"),
+            _case("negative sizes raise ValueError", _causal_bad(((-2, 4), "seq_q"), ((2, -1), "seq_k")),
+                  _judge_value_errors, probe="call_each"),
         ),
     ),
     "padding_mask": Check(
@@ -516,6 +596,7 @@ CHECKS: dict[str, Check] = {
                   probe="call_tracking_size"),
             _case("scores around ±2000, seq_k not a multiple of block_size", _tiled_inputs((2, 1), 8, 29, 4, 4,
                   dtype=torch.float64, large=True), _judge_tiled, probe="call_tracking_size"),
+            _case("block_size -1 or 3.0 raises ValueError", _tiled_bad(-1, 3.0), _judge_value_errors, probe="call_each"),
         ),
         forbidden=("*scaled_dot_product*", "*softmax*", "softmin", "logsumexp"),
     ),

@@ -129,13 +129,14 @@ def expect_close(actual: Any, expected: torch.Tensor, hint: str, *, atol: float 
 
 # --- the reference, or its recording in a student edition ------------------------
 #
-# A check that compares with the library's reference imports it with :func:`reference`
-# and computes everything it needs from the reference in functions of the case inputs
-# only, marked :func:`recorded`. In this repository they simply run. ``autograder
-# publish`` runs every withheld chapter's visible cases (seed 0) with the reference
-# under :func:`recording` and saves the results in ``autograder/checks/recorded/``; in
-# the student edition, where the reference module raises ImportError, each marked
-# function returns its recorded result instead (plain tensors and numbers, no code).
+# A checks module imports its chapter's library module with :func:`reference` and computes
+# everything that is an answer (with the reference, or by its own code: an expected mask,
+# attention by hand) in functions of the case inputs only, marked :func:`recorded`, called
+# on the pass path of the visible cases. In this repository they simply run. ``autograder
+# publish`` runs every withheld chapter's visible cases (seed 0) with the reference under
+# :func:`recording` and saves the results in ``autograder/checks/recorded/``; in the
+# student edition, where the reference module raises ImportError, each marked function
+# returns its recorded result instead (plain tensors and numbers, no code).
 
 RECORDED_DIR = Path(__file__).resolve().parent / "recorded"
 WITHHELD_MARK = "withheld in this student edition"
@@ -224,7 +225,8 @@ def _recording(checks_module: str) -> dict[str, Any]:
 
 
 def recorded(fn: Callable) -> Callable:
-    """Mark a checks-module function that uses the reference on case inputs only (plain data in, plain data out).
+    """Mark a checks-module function that computes an answer, with the reference or by itself, from case inputs
+    only (plain data in, plain data out).
 
     With the reference importable it runs (and is recorded during :func:`recording`); in a student edition
     that withholds it, it returns the recorded result of the same call, or raises :class:`ReferenceWithheld`.
@@ -327,12 +329,23 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
+def _grad(t: torch.Tensor) -> torch.Tensor | None:
+    return t.grad if t.is_leaf else None
+
+
 def changed_inputs(before: Any, after: Any, path: str = "") -> list[str]:
-    """Where ``after`` differs from ``before`` (names like ``args[0]``, ``kwargs['x']``)."""
+    """Where ``after`` differs from ``before``: ``args[0]`` (or ``kwargs['x']``...) when the values changed, else
+    ``args[0].requires_grad`` or ``args[0].grad`` when the tensor's autograd state did."""
     if isinstance(before, torch.Tensor):
-        same = (isinstance(after, torch.Tensor) and after.dtype == before.dtype and after.shape == before.shape
-                and torch.equal(_bits(after), _bits(before)))
-        return [] if same else [path or "the input"]
+        where = path or "the input"
+        if not (isinstance(after, torch.Tensor) and after.dtype == before.dtype and after.shape == before.shape
+                and torch.equal(_bits(after), _bits(before))):
+            return [where]
+        grads = _grad(before), _grad(after)
+        same_grad = grads[0] is None and grads[1] is None or (
+            None not in grads and grads[0].shape == grads[1].shape and torch.equal(_bits(grads[0]), _bits(grads[1])))
+        return ([f"{where}.requires_grad"] if after.requires_grad != before.requires_grad else []) + (
+            [] if same_grad else [f"{where}.grad"])
     if isinstance(before, dict):
         if not isinstance(after, dict):
             return [path or "the input"]
@@ -342,6 +355,24 @@ def changed_inputs(before: Any, after: Any, path: str = "") -> list[str]:
             return [path or "the input"]
         return [p for i, (b, a) in enumerate(zip(before, after)) for p in changed_inputs(b, a, f"{path}[{i}]")]
     return [] if before == after or (before != before and after != after) else [path or "the input"]
+
+
+def changed_message(changed: list[str]) -> str:
+    """The hint for inputs changed by the call (see :func:`changed_inputs`): their values first, then autograd."""
+    kinds: dict[str, list[str]] = {"": [], ".requires_grad": [], ".grad": []}
+    for p in changed:
+        kind = next((k for k in (".requires_grad", ".grad") if p.endswith(k)), "")
+        kinds[kind].append(_argument_name(p.removesuffix(kind)) if kind else _argument_name(p))
+    values, flagged, graded = (", ".join(kinds[k][:3]) for k in ("", ".requires_grad", ".grad"))
+    if values:
+        return (f"your code changed its input ({values}) in place — the caller's tensor is corrupted. Use "
+                "out-of-place operations (x = x * s, not x.mul_(s) or x *= s) or work on a copy")
+    if flagged:
+        return (f"your code switched on requires_grad of its input ({flagged}) — the caller's tensor now records "
+                "every operation on it for autograd. Make your own leaf instead: w = w.detach().requires_grad_(True)")
+    return (f"your code left a gradient in .grad of its input ({graded}) — the caller's tensor is changed, and its "
+            "next backward() adds to it. Differentiate your own copy (w.detach().requires_grad_(True)) with "
+            "torch.autograd.grad")
 
 
 def _argument_name(path: str) -> str:
@@ -365,10 +396,7 @@ def judge_check(check: Check, probe: Probe, seeds: Callable[[Case], Iterable[int
                 return Verdict(err.status, f"{case.name}: {err}")
             changed = changed_inputs(inputs, result.inputs_after)
             if changed:
-                where = ", ".join(_argument_name(p) for p in changed[:3])
-                return Verdict(status.FAILED, f"{case.name}: your code changed its input ({where}) in place — the "
-                                              "caller's tensor is corrupted. Use out-of-place operations "
-                                              "(x = x * s, not x.mul_(s) or x *= s) or work on a copy")
+                return Verdict(status.FAILED, f"{case.name}: {changed_message(changed)}")
             try:
                 case.judge(inputs, result.outputs)
             except CheckFailed as err:

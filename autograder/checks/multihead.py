@@ -3,18 +3,23 @@
 Each judge compares with an independent reference (plain ``view``/``transpose``,
 ``repeat_interleave``, ``nn.MultiheadAttention`` with copied weights,
 ``F.scaled_dot_product_attention``) and, when the answer is wrong, recomputes the
-usual mistakes to name the one that was made.
+usual mistakes to name the one that was made. What computes an exercise's answer
+(the layouts, attention by hand, the gradient norm) is in functions marked
+``@core.recorded``: a student edition that withholds this chapter replays their
+results on the visible cases and holds none of their code.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
+from torch.nn.attention.bias import causal_lower_right
 
 from autograder.checks import core
 from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
@@ -45,13 +50,36 @@ def _expect(actual: Any, expected: Tensor, hint: str, mistakes: list[tuple[Tenso
 
 
 def _expect_value_error(outputs: dict, argument: str, what: str) -> None:
+    """The call described by ``what`` must have raised a ValueError whose message names ``argument`` (as a word)."""
     error = outputs["error"]
     if error is None:
         fail(f"{what}, but your code returned a result: raise ValueError naming {argument} instead of going on")
     if error["type"] != "ValueError":
         fail(f"{what}: raise a ValueError (you raised {error['type']}: {error['message']})")
-    if argument not in error["message"]:
+    if not re.search(rf"\b{re.escape(argument)}\b", error["message"]):
         fail(f"{what}: your ValueError should name {argument} and say what to change; it said {error['message']!r}")
+
+
+def _bad_calls(*calls: tuple[tuple, dict, str, str]):
+    """Inputs for ``call_each``: every call of ``calls`` ((args, kwargs, the argument its ValueError must name,
+    what is wrong)) in turn, the same ones whatever the seed; tensors are given by their shape."""
+
+    def inputs(gen: torch.Generator) -> dict:
+        made = [(tuple(torch.randn(*a, generator=gen) if isinstance(a, torch.Size) else a for a in args), kwargs)
+                for args, kwargs, _, _ in calls]
+        return {"calls": made, "rules": [(argument, what) for _, _, argument, what in calls]}
+
+    return inputs
+
+
+def _judge_value_errors(inputs: dict, outputs: dict) -> None:
+    """Each call must raise a ValueError naming its argument; the hint names the first rule that is not checked."""
+    for (argument, what), result in zip(inputs["rules"], outputs["results"]):
+        _expect_value_error(result, argument, what)
+
+
+def _shape(*sizes: int) -> torch.Size:
+    return torch.Size(sizes)
 
 
 # --- split_heads ---------------------------------------------------------------------------------
@@ -65,14 +93,19 @@ def _split_inputs(gen: torch.Generator, heads_range=(2, 6), d_head_range=(2, 6))
     return {"args": (torch.randn(batch, seq, heads * d_head, generator=gen), heads)}
 
 
+@core.recorded
+def _split_of(x: Tensor, heads: int) -> Tensor:
+    batch, seq, d_model = x.shape
+    return x.view(batch, seq, heads, d_model // heads).transpose(1, 2)
+
+
 def _judge_split(inputs: dict, outputs: dict) -> None:
     x, heads = inputs["args"]
     batch, seq, d_model = x.shape
     d_head = d_model // heads
-    expected = x.view(batch, seq, heads, d_head).transpose(1, 2)
     _expect(
         outputs["out"],
-        expected,
+        _split_of(x, heads),
         "head h must hold features h·d_head … (h+1)·d_head - 1 of every token, in shape (batch, heads, seq, d_head)",
         [
             (
@@ -89,26 +122,6 @@ def _judge_split(inputs: dict, outputs: dict) -> None:
     )
 
 
-def _split_not_divisible_inputs(gen: torch.Generator) -> dict:
-    heads = _int(gen, 3, 5)
-    return {"args": (torch.randn(2, 3, heads * 4 + 1, generator=gen), heads)}
-
-
-def _judge_split_not_divisible(inputs: dict, outputs: dict) -> None:
-    x, heads = inputs["args"]
-    _expect_value_error(outputs, "n_heads", f"d_model={x.shape[-1]} is not divisible by n_heads={heads}")
-
-
-def _split_not_3d_inputs(gen: torch.Generator) -> dict:
-    shape = [(2, 3, 4, 8), (3, 8)][_int(gen, 0, 1)]
-    return {"args": (torch.randn(*shape, generator=gen), 2)}
-
-
-def _judge_split_not_3d(inputs: dict, outputs: dict) -> None:
-    x, _ = inputs["args"]
-    _expect_value_error(outputs, "x", f"x of shape {tuple(x.shape)} is not (batch, seq, d_model)")
-
-
 # --- merge_heads ---------------------------------------------------------------------------------
 
 
@@ -119,13 +132,18 @@ def _merge_inputs(gen: torch.Generator) -> dict:
     return {"args": (torch.randn(batch, heads, seq, d_head, generator=gen),)}
 
 
+@core.recorded
+def _merge_of(x: Tensor) -> Tensor:
+    batch, heads, seq, d_head = x.shape
+    return x.transpose(1, 2).reshape(batch, seq, heads * d_head)
+
+
 def _judge_merge(inputs: dict, outputs: dict) -> None:
     (x,) = inputs["args"]
     batch, heads, seq, d_head = x.shape
-    expected = x.transpose(1, 2).reshape(batch, seq, heads * d_head)
     _expect(
         outputs["out"],
-        expected,
+        _merge_of(x),
         "merge_heads must undo split_heads: (batch, heads, seq, d_head) -> (batch, seq, heads·d_head), "
         "head after head",
         [
@@ -143,20 +161,9 @@ def _judge_merge(inputs: dict, outputs: dict) -> None:
     )
 
 
-def _merge_not_4d_inputs(gen: torch.Generator) -> dict:
-    shape = [(2, 3, 8), (1, 2, 3, 4, 5)][_int(gen, 0, 1)]
-    return {"args": (torch.randn(*shape, generator=gen),)}
-
-
-def _judge_merge_not_4d(inputs: dict, outputs: dict) -> None:
-    (x,) = inputs["args"]
-    _expect_value_error(outputs, "x", f"x of shape {tuple(x.shape)} is not (batch, heads, seq, d_head)")
-
-
 def _judge_merge_roundtrip(inputs: dict, outputs: dict) -> None:
     (x,) = inputs["args"]
-    batch, heads, seq, d_head = x.shape
-    tokens = x.transpose(1, 2).reshape(batch, seq, heads * d_head)
+    tokens = _merge_of(x)
     out = outputs["out"]
     # split_heads(out, heads) gives x back exactly when out has merge_heads' layout (tokens)
     if isinstance(out, Tensor) and tuple(out.shape) == tuple(tokens.shape) and not _same(out, tokens):
@@ -238,10 +245,9 @@ def _torch_reference(inputs: dict) -> Tensor:
             module.out_proj.bias.copy_(state["out_proj.bias"])
     module.eval()
     kv = x if context is None else context
-    seq_q, seq_k = x.shape[1], kv.shape[1]
     attn_mask = None
-    if is_causal:
-        attn_mask = ~torch.ones(seq_q, seq_k, dtype=torch.bool).tril(seq_k - seq_q)
+    if is_causal:  # PyTorch's own end-aligned mask, inverted: here True = NOT allowed
+        attn_mask = ~causal_lower_right(x.shape[1], kv.shape[1])._materialize()
     key_padding_mask = None if mask is None else ~mask[:, 0, 0, :]
     with torch.no_grad():
         out, _ = module(x, kv, kv, key_padding_mask=key_padding_mask, attn_mask=attn_mask, need_weights=False)
@@ -260,7 +266,7 @@ def _by_hand(inputs: dict, bug: str | None = None) -> Tensor:
     b_q, b_k, b_v = (None, None, None)
     if "in_proj.bias" in state and bug != "no_in_proj_bias":
         b_q, b_k, b_v = state["in_proj.bias"].split(sizes)
-    source = x if context is None else context
+    source = x if context is None or bug == "context_ignored" else context
     q = F.linear(source if bug == "query_from_context" else x, w_q, b_q)
     k, v = F.linear(source, w_k, b_k), F.linear(source, w_v, b_v)
     if bug == "kv_swapped":
@@ -301,6 +307,8 @@ _MHA_MISTAKES = {
     "by √d_head, do not scale q yourself as well",
     "kv_swapped": "keys and values are swapped: in_proj packs [W_Q; W_K; W_V] in that order",
     "query_from_context": "in cross-attention the queries come from x; only keys and values come from context",
+    "context_ignored": "your module ignores context: forward(x, context) is cross-attention, with the keys and values "
+    "projected from context (the K/V rows of in_proj applied to it) and only the queries from x; yours attends over x",
     "no_in_proj_bias": "the in_proj bias is missing: project with self.in_proj (weight and bias)",
     "kv_heads_tiled": "your K/V heads are tiled (0, 1, 0, 1, …): query head i must use K/V head i // group "
     "(repeat_interleave), not i % n_kv_heads",
@@ -309,12 +317,24 @@ _MHA_MISTAKES = {
 }
 
 
+@core.recorded
+def _mha_variants(inputs: dict) -> dict[str, Tensor]:
+    """The output of multi-head attention by hand ("reference") and of each known mistake of _MHA_MISTAKES."""
+    variants = {"reference": _by_hand(inputs)}
+    for bug in _MHA_MISTAKES:
+        try:
+            variants[bug] = _by_hand(inputs, bug)
+        except RuntimeError:  # a mistake these shapes cannot even make
+            continue
+    return variants
+
+
 def _judge_mha(inputs: dict, outputs: dict, *, what: str) -> None:
-    n_kv_heads = inputs["init_kwargs"].get("n_kv_heads")
-    expected = _by_hand(inputs) if n_kv_heads else _torch_reference(inputs)
+    variants = _mha_variants(inputs)
+    expected = variants["reference"] if inputs["init_kwargs"].get("n_kv_heads") else _torch_reference(inputs)
     if not _same(outputs["out"], expected, 1e-4):
         for bug, message in _MHA_MISTAKES.items():
-            if _same(outputs["out"], _by_hand(inputs, bug), 1e-4):
+            if bug in variants and _same(outputs["out"], variants[bug], 1e-4):
                 fail(message)
     expect_close(outputs["out"], expected, what, atol=1e-4)
 
@@ -338,12 +358,20 @@ def _dropout_inputs(gen: torch.Generator) -> dict:
     }
 
 
+@core.recorded
+def _dropout_values(inputs: dict) -> Tensor:
+    """Each head's value of the one context token, (batch, 1, heads, d_head): with W_O = identity, what every query
+    of that head outputs without dropout."""
+    d_model, n_heads = inputs["init_args"]
+    state, (_, context) = inputs["state"], inputs["args"]
+    w_v, b_v = state["in_proj.weight"][-d_model:], state["in_proj.bias"][-d_model:]
+    return rearrange(F.linear(context, w_v, b_v), "batch 1 (heads d_head) -> batch 1 heads d_head", heads=n_heads)
+
+
 def _judge_dropout(inputs: dict, outputs: dict) -> None:
     d_model, n_heads = inputs["init_args"]
-    state, (x, context) = inputs["state"], inputs["args"]
-    d_head = d_model // n_heads
-    w_v, b_v = state["in_proj.weight"][-d_model:], state["in_proj.bias"][-d_model:]
-    v = rearrange(F.linear(context, w_v, b_v), "batch 1 (heads d_head) -> batch 1 heads d_head", heads=n_heads)
+    x = inputs["args"][0]
+    v = _dropout_values(inputs)
     kept_eval = v.expand(-1, x.shape[1], -1, -1).reshape(x.shape)
     expect_close(outputs["eval"], kept_eval, "in eval mode (module.eval()) there must be no dropout", atol=1e-4)
     train = outputs["train"]
@@ -386,6 +414,12 @@ def _count_of(d_model: int, n_heads: int, n_kv_heads: int | None, bias: bool) ->
     return sum(p.numel() for p in module.parameters())
 
 
+# n_kv_heads that does not divide n_heads: fewer K/V heads, more, and one that shares a factor with n_heads
+_COUNT_BAD_KV_HEADS = _bad_calls(*(((heads * 16, heads), {"n_kv_heads": kv}, "n_kv_heads",
+                                    f"n_kv_heads={kv} does not divide n_heads={heads}")
+                                   for heads, kv in ((8, 3), (6, 4), (4, 8))))
+
+
 def _judge_count(inputs: dict, outputs: dict) -> None:
     d_model, n_heads = inputs["args"]
     n_kv_heads, bias = inputs["kwargs"]["n_kv_heads"], inputs["kwargs"]["bias"]
@@ -408,27 +442,6 @@ def _judge_count(inputs: dict, outputs: dict) -> None:
     fail(f"{where}: expected {expected:,} parameters, got {got:,}")
 
 
-def _count_bad_inputs(gen: torch.Generator) -> dict:
-    n_heads = _int(gen, 5, 7)
-    return {"args": (n_heads * 8 + 2, n_heads), "kwargs": {}}
-
-
-def _judge_count_bad(inputs: dict, outputs: dict) -> None:
-    d_model, n_heads = inputs["args"]
-    _expect_value_error(outputs, "n_heads", f"d_model={d_model} is not divisible by n_heads={n_heads}")
-
-
-def _count_bad_kv_inputs(gen: torch.Generator) -> dict:
-    n_heads, n_kv_heads = [(8, 3), (6, 4), (12, 5)][_int(gen, 0, 2)]
-    return {"args": (n_heads * 16, n_heads), "kwargs": {"n_kv_heads": n_kv_heads}}
-
-
-def _judge_count_bad_kv(inputs: dict, outputs: dict) -> None:
-    _, n_heads = inputs["args"]
-    n_kv_heads = inputs["kwargs"]["n_kv_heads"]
-    _expect_value_error(outputs, "n_kv_heads", f"n_kv_heads={n_kv_heads} does not divide n_heads={n_heads}")
-
-
 # --- repeat_kv_heads ------------------------------------------------------------------------------
 
 
@@ -439,12 +452,17 @@ def _repeat_inputs(gen: torch.Generator, kv_heads: int | None = None, group: int
     return {"args": (x, kv_heads * group)}
 
 
+@core.recorded
+def _repeat_of(x: Tensor, n_heads: int) -> Tensor:
+    return x.repeat_interleave(n_heads // x.shape[1], dim=1)
+
+
 def _judge_repeat(inputs: dict, outputs: dict) -> None:
     x, n_heads = inputs["args"]
     group = n_heads // x.shape[1]
     _expect(
         outputs["out"],
-        x.repeat_interleave(group, dim=1),
+        _repeat_of(x, n_heads),
         f"query head i must use K/V head i // {group}: shape (batch, {n_heads}, seq, d_head)",
         [
             (
@@ -455,16 +473,6 @@ def _judge_repeat(inputs: dict, outputs: dict) -> None:
             )
         ],
     )
-
-
-def _repeat_bad_inputs(gen: torch.Generator) -> dict:
-    kv_heads = _int(gen, 3, 4)
-    return {"args": (torch.randn(1, kv_heads, 2, 2, generator=gen), kv_heads * 2 + 1)}
-
-
-def _judge_repeat_bad(inputs: dict, outputs: dict) -> None:
-    x, n_heads = inputs["args"]
-    _expect_value_error(outputs, "n_heads", f"n_heads={n_heads} is not a multiple of the {x.shape[1]} K/V heads")
 
 
 # --- query_gradient_norm -------------------------------------------------------------------------
@@ -484,7 +492,7 @@ def _grad_inputs(d_heads: tuple[int, ...], *, scaled: bool, dtype: torch.dtype =
     return inputs
 
 
-def _grad_norm_of(args: tuple, *, scale: float, wrt: int = 1, reduction: str = "mean", detach_q: bool = False) -> float:
+def _grad_norm_of(args: tuple, *, scale: float, wrt: int = 1, reduction: str = "mean") -> float:
     """‖∂L/∂W‖ in float64 for the weight ``args[wrt]`` (1 = W_Q, 2 = W_K), recomputed here with plain torch."""
     x, w_q, w_k, w_v, target = (t.double() for t in args)
     leaf = (w_q, w_k)[wrt - 1].clone().requires_grad_(True)
@@ -497,17 +505,30 @@ def _grad_norm_of(args: tuple, *, scale: float, wrt: int = 1, reduction: str = "
     return grad.norm().item()
 
 
+@core.recorded
+def _grad_norms(args: tuple, scaled: bool) -> dict[str, float]:
+    """‖∂L/∂W_Q‖ ("expected") and the norms the usual slips give."""
+    d_head = args[1].shape[-1]
+    scale = 1 / math.sqrt(d_head) if scaled else 1.0
+    return {"expected": _grad_norm_of(args, scale=scale),
+            "unscaled": _grad_norm_of(args, scale=1.0),
+            "scaled": _grad_norm_of(args, scale=1 / math.sqrt(d_head)),
+            "by_d_head": _grad_norm_of(args, scale=1 / d_head),
+            "summed": _grad_norm_of(args, scale=scale, reduction="sum"),
+            "w_k": _grad_norm_of(args, scale=scale, wrt=2)}
+
+
 def _judge_grad(inputs: dict, outputs: dict) -> None:
     args, scaled = inputs["args"], inputs["kwargs"]["scaled"]
     d_head = args[1].shape[-1]
+    norms = _grad_norms(args, scaled)
     got = outputs["out"]
     if isinstance(got, Tensor):
         fail(f"return a Python float (grad.norm().item()), not a tensor of shape {tuple(got.shape)}")
     if isinstance(got, bool) or not isinstance(got, (float, int)):
         fail(f"return a Python float, got {type(got).__name__}")
     rtol = 1e-6 if args[0].dtype == torch.float64 else 1e-3
-    scale = 1 / math.sqrt(d_head) if scaled else 1.0
-    expected = _grad_norm_of(args, scale=scale)
+    expected = norms["expected"]
 
     def near(value: float) -> bool:
         return abs(got - value) <= rtol * abs(value) + 1e-12
@@ -515,16 +536,14 @@ def _judge_grad(inputs: dict, outputs: dict) -> None:
     if near(expected):
         return
     flag = f"scaled={scaled}, d_head={d_head}"
-    for candidate, hint in (
-        (_grad_norm_of(args, scale=1.0), "the scores are not divided by √d_head, but scaled=True asks for it"),
-        (_grad_norm_of(args, scale=1 / math.sqrt(d_head)),
-         "the scores are divided by √d_head although scaled=False: only scale when `scaled` is True"),
-        (_grad_norm_of(args, scale=1 / d_head), "the scores are divided by d_head instead of √d_head"),
-        (_grad_norm_of(args, scale=scale, reduction="sum"),
-         "your loss is a sum: use the mean of the squared error, (out - target).pow(2).mean()"),
-        (_grad_norm_of(args, scale=scale, wrt=2), "that is the gradient reaching W_K; measure the one reaching W_Q"),
+    for key, hint in (
+        ("unscaled", "the scores are not divided by √d_head, but scaled=True asks for it"),
+        ("scaled", "the scores are divided by √d_head although scaled=False: only scale when `scaled` is True"),
+        ("by_d_head", "the scores are divided by d_head instead of √d_head"),
+        ("summed", "your loss is a sum: use the mean of the squared error, (out - target).pow(2).mean()"),
+        ("w_k", "that is the gradient reaching W_K; measure the one reaching W_Q"),
     ):
-        if near(candidate) and not near(expected):
+        if near(norms[key]) and not near(expected):
             fail(f"{flag}: {hint}")
     if got == 0:
         fail(f"{flag}: no gradient reached W_Q: do not detach q or the weights, and do not compute them under "
@@ -544,9 +563,13 @@ CHECKS: dict[str, Check] = {
         name="split_heads",
         visible=(
             Case("split (batch, seq, heads·d_head) into heads", _split_inputs, "call", _judge_split),
-            Case("d_model not divisible by n_heads raises ValueError", _split_not_divisible_inputs, "call_or_error",
-                 _judge_split_not_divisible),
-            Case("x that is not 3-D raises ValueError", _split_not_3d_inputs, "call_or_error", _judge_split_not_3d),
+            Case("d_model not divisible by n_heads raises ValueError", _bad_calls(
+                ((_shape(2, 3, 21), 5), {}, "n_heads", "d_model=21 is not divisible by n_heads=5")),
+                "call_each", _judge_value_errors),
+            Case("x that is not 3-D raises ValueError", _bad_calls(
+                ((_shape(2, 3, 4, 8), 2), {}, "x", "x of shape (2, 3, 4, 8) is not (batch, seq, d_model)"),
+                ((_shape(3, 8), 2), {}, "x", "x of shape (3, 8) is not (batch, seq, d_model)")),
+                "call_each", _judge_value_errors),
         ),
         hidden=(
             Case("one head, or one feature per head", lambda g: _split_inputs(g, (1, 1), (1, 1)), "call", _judge_split),
@@ -557,7 +580,10 @@ CHECKS: dict[str, Check] = {
         name="merge_heads",
         visible=(
             Case("merge heads back to (batch, seq, d_model)", _merge_inputs, "call", _judge_merge),
-            Case("x that is not 4-D raises ValueError", _merge_not_4d_inputs, "call_or_error", _judge_merge_not_4d),
+            Case("x that is not 4-D raises ValueError", _bad_calls(
+                ((_shape(2, 3, 8),), {}, "x", "x of shape (2, 3, 8) is not (batch, heads, seq, d_head)"),
+                ((_shape(1, 2, 3, 4, 5),), {}, "x", "x of shape (1, 2, 3, 4, 5) is not (batch, heads, seq, d_head)")),
+                "call_each", _judge_value_errors),
         ),
         hidden=(Case("merge_heads inverts split_heads", _merge_inputs, "call", _judge_merge_roundtrip),),
     ),
@@ -566,6 +592,8 @@ CHECKS: dict[str, Check] = {
         visible=(
             _mha_case("self-attention equals nn.MultiheadAttention with the same weights",
                       "self-attention differs from nn.MultiheadAttention with the same weights"),
+            _mha_case("cross-attention to a longer context",
+                      "cross-attention (queries from x, keys and values from context) is wrong", cross=True),
             _mha_case("cross-attention to a longer context, with a key padding mask",
                       "cross-attention (queries from x, keys/values from context, mask True = may attend) is wrong",
                       cross=True, padding=True),
@@ -593,10 +621,11 @@ CHECKS: dict[str, Check] = {
         visible=(
             Case("count of multi-head attention", _count_inputs, "call", _judge_count),
             Case("grouped-query attention", lambda g: _count_inputs(g, gqa=True), "call", _judge_count),
-            Case("d_model not divisible by n_heads raises ValueError", _count_bad_inputs, "call_or_error",
-                 _judge_count_bad),
-            Case("n_kv_heads that does not divide n_heads raises ValueError", _count_bad_kv_inputs, "call_or_error",
-                 _judge_count_bad_kv),
+            Case("d_model not divisible by n_heads raises ValueError", _bad_calls(
+                ((50, 6), {}, "n_heads", "d_model=50 is not divisible by n_heads=6")),
+                "call_each", _judge_value_errors),
+            Case("n_kv_heads that does not divide n_heads raises ValueError", _COUNT_BAD_KV_HEADS, "call_each",
+                 _judge_value_errors),
         ),
         hidden=(
             Case("without biases", lambda g: _count_inputs(g, bias=False), "call", _judge_count),
@@ -607,8 +636,9 @@ CHECKS: dict[str, Check] = {
         name="repeat_kv_heads",
         visible=(
             Case("groups of query heads share a K/V head", _repeat_inputs, "call", _judge_repeat),
-            Case("n_heads not a multiple of the K/V heads raises ValueError", _repeat_bad_inputs, "call_or_error",
-                 _judge_repeat_bad),
+            Case("n_heads not a multiple of the K/V heads raises ValueError", _bad_calls(
+                ((_shape(1, 3, 2, 2), 7), {}, "n_heads", "n_heads=7 is not a multiple of the 3 K/V heads")),
+                "call_each", _judge_value_errors),
         ),
         hidden=(
             Case("multi-query: one K/V head", lambda g: _repeat_inputs(g, kv_heads=1, group=4), "call", _judge_repeat),

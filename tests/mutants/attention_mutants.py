@@ -98,6 +98,13 @@ def causal_unchecked(seq_q, seq_k=None, *, device=None):
     return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device).tril(diagonal=seq_k - seq_q)
 
 
+def causal_no_size_check(seq_q, seq_k=None, *, device=None):
+    seq_q, seq_k = _sizes(seq_q, seq_k)
+    if seq_k < seq_q:
+        raise ValueError(f"seq_k={seq_k} < seq_q={seq_q}: pass seq_k >= seq_q")
+    return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device).tril(diagonal=seq_k - seq_q)
+
+
 # --- padding_mask ---
 
 
@@ -121,7 +128,7 @@ def padding_on_queries(tokens, pad_id):
 
 
 def _sdpa(*, scale="sqrt", fill="finfo", zero_dead_rows=True, softmax_dim=-1, after=False, invert=False,
-          detach=False, check=True):
+          detach=False, check=True, zero_by_mask=False):
     def sdpa(q, k, v, mask=None):
         if check and mask is not None and mask.dtype != torch.bool:
             raise ValueError(f"mask must be a bool tensor with True = may attend; got dtype {mask.dtype}")
@@ -141,7 +148,7 @@ def _sdpa(*, scale="sqrt", fill="finfo", zero_dead_rows=True, softmax_dim=-1, af
             if after:
                 weights = weights.masked_fill(~keep, 0.0)
             elif zero_dead_rows:
-                weights = weights * keep.any(dim=-1, keepdim=True)
+                weights = weights * (mask if zero_by_mask else keep).any(dim=-1, keepdim=True)
         return einsum(weights, v, "... seq_q seq_k, ... seq_k d_head -> ... seq_q d_head"), weights
 
     return sdpa
@@ -153,7 +160,9 @@ def _sdpa(*, scale="sqrt", fill="finfo", zero_dead_rows=True, softmax_dim=-1, af
 def _tiled(*, rescale_output=True, rescale_sum=True, shift="running", start_max=-math.inf, stop="all", scale="sqrt",
            full=False, check=True, in_place=False):
     def tiled_attention(q, k, v, block_size=64):
-        if check and (not isinstance(block_size, int) or block_size < 1):
+        if check == "sign" and block_size < 1:
+            raise ValueError(f"block_size must be positive; got {block_size}")
+        if check is True and (not isinstance(block_size, int) or block_size < 1):
             raise ValueError(f"block_size must be a positive int; got {block_size!r}")
         if full:  # exact, but holds every (seq_q, seq_k) score at once
             scores = einsum(q, k, "... seq_q d_head, ... seq_k d_head -> ... seq_q seq_k") / math.sqrt(q.shape[-1])
@@ -218,6 +227,9 @@ MUTANTS: list[Mutant] = [
     Mutant("causal_unchecked", "causal_mask",
            "no check of seq_k >= seq_q: tril with a negative diagonal silently gives queries that see no key",
            causal_unchecked),
+    Mutant("causal_no_size_check", "causal_mask",
+           "checks seq_k >= seq_q but not sizes below 1: causal_mask(0) returns an empty mask instead of refusing",
+           causal_no_size_check),
     Mutant("padding_2d", "padding_mask",
            "(batch, seq_k) mask: broadcasts against (batch, heads, seq_q, seq_k) onto the wrong axes", padding_2d),
     Mutant("padding_inverted", "padding_mask",
@@ -234,6 +246,10 @@ MUTANTS: list[Mutant] = [
            "zeroes masked weights after the softmax: rows no longer sum to 1", _sdpa(after=True)),
     Mutant("sdpa_inverted_mask", "scaled_dot_product_attention",
            "fills where the mask is True (True read as 'ignore')", _sdpa(invert=True)),
+    Mutant("sdpa_inverted_mask_rows_zeroed", "scaled_dot_product_attention",
+           "masked_fill(mask, torch.finfo(dtype).min): fills where the mask is True, then zeroes the rows of "
+           "mask.any() as the text says; a query that may see every key gets uniform weights over none",
+           _sdpa(invert=True, zero_by_mask=True)),
     Mutant("sdpa_fill_minus_1e4", "scaled_dot_product_attention",
            "fills masked scores with -1e4 (Hugging Face BERT's extended attention mask used -10000.0 before "
            "torch.finfo(dtype).min): masked keys leak when the real scores are below about -1e4",
@@ -276,4 +292,7 @@ MUTANTS: list[Mutant] = [
     Mutant("tiled_block_size_unchecked", "tiled_attention",
            "no check of block_size: range() raises its own 'arg 3 must not be zero', which names nothing the "
            "caller passed", _tiled(check=False)),
+    Mutant("tiled_block_size_not_int_unchecked", "tiled_attention",
+           "checks block_size < 1 but not that it is an int: block_size=2.5 reaches range(), whose TypeError "
+           "names nothing the caller passed", _tiled(check="sign")),
 ]

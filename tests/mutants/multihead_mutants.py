@@ -44,6 +44,18 @@ def split_heads_unchecked(x, n_heads):
     return rearrange(x, "batch seq (heads d_head) -> batch heads seq d_head", heads=n_heads)
 
 
+def split_heads_unpacks_shape(x, n_heads):
+    batch, seq, d_model = x.shape  # Python's "too many values to unpack" is the only check of the rank
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    return rearrange(x, "batch seq (heads d_head) -> batch heads seq d_head", heads=n_heads)
+
+
+def merge_heads_unpacks_shape(x):
+    batch, heads, seq, d_head = x.shape
+    return x.transpose(1, 2).reshape(batch, seq, heads * d_head)
+
+
 def merge_heads_unchecked(x):
     return rearrange(x, "batch heads seq d_head -> batch seq (heads d_head)")
 
@@ -193,9 +205,10 @@ class MHAGQATiled(_MultiHeadAttention):
 # --- attention_parameter_count ---
 
 
-def _count(d_model, n_heads, n_kv_heads=None, bias=True, *, with_bias=True, gqa=True, out_proj=True, check_kv=True):
+def _count(d_model, n_heads, n_kv_heads=None, bias=True, *, with_bias=True, gqa=True, out_proj=True, check_kv=True,
+           check_heads=True):
     n_kv_heads = n_heads if n_kv_heads is None or not gqa else n_kv_heads
-    if d_model < 1 or n_heads < 1 or d_model % n_heads:
+    if check_heads and (d_model < 1 or n_heads < 1 or d_model % n_heads):
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
     if check_kv and (n_kv_heads < 1 or n_heads % n_kv_heads):
         raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
@@ -221,6 +234,10 @@ def count_unchecked_kv_heads(d_model, n_heads, n_kv_heads=None, bias=True):
     return _count(d_model, n_heads, n_kv_heads, bias, check_kv=False)
 
 
+def count_unchecked_n_heads(d_model, n_heads, n_kv_heads=None, bias=True):
+    return _count(d_model, n_heads, n_kv_heads, bias, check_heads=False)
+
+
 # --- repeat_kv_heads ---
 
 
@@ -237,9 +254,12 @@ def repeat_kv_heads_unchecked(x, n_heads):
 # --- query_gradient_norm ---
 
 
-def _grad_norm(*, scale="flag", reduction="mean", wrt="q", detach=False):
+def _grad_norm(*, scale="flag", reduction="mean", wrt="q", detach=False, leaf="copy"):
     def query_gradient_norm(x, w_q, w_k, w_v, target, *, scaled=True):
-        w_q = w_q.detach().requires_grad_(True)
+        if leaf == "copy":
+            w_q = w_q.detach().requires_grad_(True)
+        else:  # "caller" or "backward": the caller's own tensor becomes the leaf
+            w_q.requires_grad_(True)
         w_k = w_k.detach().requires_grad_(wrt == "k")
         q, k, v = x @ w_q, x @ w_k, x @ w_v
         scores = q @ k.transpose(-2, -1)
@@ -251,6 +271,9 @@ def _grad_norm(*, scale="flag", reduction="mean", wrt="q", detach=False):
             weights = weights.detach()
         error = (weights @ v - target).pow(2)
         loss = error.mean() if reduction == "mean" else error.sum()
+        if leaf == "backward":
+            loss.backward()
+            return w_q.grad.norm().item()
         (grad,) = torch.autograd.grad(loss, w_q if wrt == "q" else w_k, allow_unused=True)
         return 0.0 if grad is None else grad.norm().item()
 
@@ -277,6 +300,12 @@ MUTANTS: list[Mutant] = [
     Mutant("merge_heads_plain_reshape", "merge_heads",
            "reshape to (batch, seq, d_model) without moving heads back after seq (forgetting .transpose(1, 2))",
            merge_heads_plain_reshape),
+    Mutant("split_heads_unpacks_shape", "split_heads",
+           "batch, seq, d_model = x.shape as the only check of the rank: Python's ValueError ('too many values to "
+           "unpack (expected 3)') does not say that x must be (batch, seq, d_model)", split_heads_unpacks_shape),
+    Mutant("merge_heads_unpacks_shape", "merge_heads",
+           "batch, heads, seq, d_head = x.shape as the only check of the rank: Python's ValueError ('not enough "
+           "values to unpack (expected 4, got 3)') does not say what x should be", merge_heads_unpacks_shape),
     Mutant("merge_heads_unchecked", "merge_heads",
            "no check that x is 4-D: a (batch, seq, d_model) tensor gives an EinopsError instead of a clear ValueError",
            merge_heads_unchecked),
@@ -320,6 +349,9 @@ MUTANTS: list[Mutant] = [
     Mutant("count_unchecked_kv_heads", "attention_parameter_count",
            "n_kv_heads that does not divide n_heads is counted anyway (a model that cannot be built)",
            count_unchecked_kv_heads),
+    Mutant("count_unchecked_n_heads", "attention_parameter_count",
+           "checks n_kv_heads but not that n_heads divides d_model: counts a model that cannot be built",
+           count_unchecked_n_heads),
     Mutant("repeat_kv_heads_tiled", "repeat_kv_heads",
            "x.repeat(1, group, 1, 1) tiles the K/V heads (0, 1, 0, 1) instead of grouping them (0, 0, 1, 1)",
            repeat_kv_heads_tiled),
@@ -337,6 +369,12 @@ MUTANTS: list[Mutant] = [
            _grad_norm(reduction="sum")),
     Mutant("grad_of_w_k", "query_gradient_norm", "measures the gradient reaching W_K instead of W_Q",
            _grad_norm(wrt="k")),
+    Mutant("grad_requires_grad_on_callers_w_q", "query_gradient_norm",
+           "w_q.requires_grad_(True) on the caller's tensor instead of a detached copy: the right number, but the "
+           "caller's W_Q now records every operation on it", _grad_norm(leaf="caller")),
+    Mutant("grad_backward_into_callers_w_q", "query_gradient_norm",
+           "loss.backward() into the caller's w_q: its .grad is left filled (and grows at every call)",
+           _grad_norm(leaf="backward")),
     Mutant("grad_detached_weights", "query_gradient_norm",
            "attention weights detached: no gradient reaches W_Q (reported as 0)", _grad_norm(detach=True)),
 ]
