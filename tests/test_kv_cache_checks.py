@@ -142,3 +142,35 @@ def test_gpt_check_builds_the_learners_config_class() -> None:
     verdict = core.judge_check(kv_cache.CHECKS["GPT"], core.local_probe(GPT), lambda case: [0])
     assert verdict.passed, verdict.reason
     assert GPT.__init__.__globals__["GPTConfig"] is GPTConfig
+
+
+class SdpaCausalIfSeveral(CausalSelfAttention):
+    """Bug hunt 3's pattern: is_causal only for a chunk of several tokens (a single token needs no mask), but
+    PyTorch aligns that mask to the top-left when the chunk follows a cached prefix."""
+
+    def forward(self, x, cache=None, layer=0):
+        q = rearrange(self.q_proj(x), "batch seq (heads d_head) -> batch heads seq d_head", heads=self.n_heads)
+        k, v = rearrange(self.kv_proj(x), "batch seq (two kv_heads d_head) -> two batch kv_heads seq d_head",
+                         two=2, kv_heads=self.kv_heads)
+        if cache is not None:
+            k, v = cache.write(layer, k, v)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[-2] > 1)
+        return self.out_proj(rearrange(out, "batch heads seq d_head -> batch seq (heads d_head)"))
+
+
+def _mutant(name: str):
+    from mutants import load_all
+
+    return next(m for m in load_all()["kv_cache_mutants"] if m.name == name).obj
+
+
+@pytest.mark.parametrize("learner", ["SdpaCausalIfSeveral", "mask_not_offset_for_prefix"])
+def test_check_names_the_mask_not_offset_by_the_prefix(learner: str) -> None:
+    """Top-left for chunks and no mask for one token: the hint names the mask, not only the difference."""
+    obj = SdpaCausalIfSeveral if learner == "SdpaCausalIfSeveral" else _mutant(learner)
+    check = kv_cache.CHECKS["CausalSelfAttention"]
+    for level, seeds in (("visible", [0]), ("hidden", [0, 1, 2])):
+        verdict = core.judge_check(check, core.local_probe(obj), lambda case: seeds, level=level)
+        assert not verdict.passed
+        assert "the mask is aligned to the top-left, not offset by the cached prefix" in verdict.reason, verdict.reason
+        assert "causal_mask(seq_q, seq_k)" in verdict.reason

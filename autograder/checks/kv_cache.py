@@ -231,7 +231,8 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, state: dict, *
 
 def _attention_reference(inputs: dict, *, mask: str = "end", cache: bool = True, tiled: bool = False) -> Tensor:
     """The layer's output for ``x`` fed in ``chunks``: each chunk's queries over the keys up to its end
-    (``cache=False``: over its own keys only), with ``mask`` "end" (the right one), "top_left" or "none"."""
+    (``cache=False``: over its own keys only), with ``mask`` "end" (the right one), "top_left", "top_left_if_several"
+    (top-left for a chunk of several tokens, none for one: ``is_causal=q.shape[-2] > 1``) or "none"."""
     config, state, x = inputs["config"], inputs["state"], inputs["x"]
     n_heads = config["n_heads"]
     q, k, v = _qkv(x, state, n_heads, config["n_kv_heads"] or n_heads)
@@ -242,7 +243,7 @@ def _attention_reference(inputs: dict, *, mask: str = "end", cache: bool = True,
         seq_q, seq_k = size, end - first
         if mask == "end":
             allowed = torch.ones(seq_q, seq_k, dtype=torch.bool).tril(diagonal=seq_k - seq_q)
-        elif mask == "top_left":
+        elif mask == "top_left" or (mask == "top_left_if_several" and seq_q > 1):
             allowed = torch.ones(seq_q, seq_k, dtype=torch.bool).tril()
         else:
             allowed = None
@@ -287,6 +288,12 @@ def _judge_attention(inputs: dict, outputs: dict) -> None:
          f"fed in chunks {chunks}, the new queries see too few keys: your causal mask is aligned to the top-left "
          "corner (as F.scaled_dot_product_attention(is_causal=True) is when seq_q < seq_k). The new tokens are the "
          "LAST seq_q positions of the seq_k keys: use the end-aligned causal_mask(seq_q, seq_k) of chapter 1 "
+         "(or attention(..., is_causal=True))"),
+        (_attention_reference(inputs, mask="top_left_if_several"),
+         f"fed in chunks {chunks}, a chunk of several new tokens after a cached prefix sees too few keys: the mask is "
+         "aligned to the top-left, not offset by the cached prefix (F.scaled_dot_product_attention(is_causal="
+         "q.shape[-2] > 1) does this when seq_q < seq_k; one-token steps hide it, since they need no mask). The new "
+         "tokens are the LAST seq_q of the seq_k keys: use the end-aligned causal_mask(seq_q, seq_k) of chapter 1 "
          "(or attention(..., is_causal=True))"),
         (_attention_reference(inputs, mask="none"),
          f"fed in chunks {chunks}, a new token sees the new tokens after it: one-token steps need no mask, but a "
