@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -174,3 +176,27 @@ def test_check_names_the_mask_not_offset_by_the_prefix(learner: str) -> None:
         assert not verdict.passed
         assert "the mask is aligned to the top-left, not offset by the cached prefix" in verdict.reason, verdict.reason
         assert "causal_mask(seq_q, seq_k)" in verdict.reason
+
+
+TOP_P_HINTS = {
+    "top_p_before_temperature": "top-p must be applied to the distribution after temperature",
+    "top_p_drops_crossing_token": "drops the token that crosses p",
+    "temperature_after_softmax": "has no effect: divide the LOGITS by it",
+}
+
+
+@pytest.mark.parametrize("name", ["top_p_before_temperature", "top_p_drops_crossing_token"])
+def test_check_top_p_mistakes_each_get_their_own_hint(name: str) -> None:
+    """On the top-p cases the two mistakes (and the temperature one) sample different distributions, so the hint
+    names the mistake made and no other."""
+    check = kv_cache.CHECKS["sample_next_token"]
+    top_p_cases = [case for case in check.visible + check.hidden if "top-p" in case.name]
+    assert len(top_p_cases) == 3
+    for case in top_p_cases:
+        for seed in (0, 1, 2, 3):
+            one = dataclasses.replace(check, visible=(case,), hidden=())
+            verdict = core.judge_check(one, core.local_probe(_mutant(name)), lambda case: [seed])
+            assert not verdict.passed, (case.name, seed)
+            assert TOP_P_HINTS[name] in verdict.reason, (case.name, seed, verdict.reason)
+            others = [hint for other, hint in TOP_P_HINTS.items() if other != name]
+            assert not any(hint in verdict.reason for hint in others), (case.name, seed, verdict.reason)

@@ -572,7 +572,7 @@ def _sample_inputs(kind: str, *, temperature: tuple = (1.0,), top_k: bool = Fals
             kwargs = {"temperature": float(_pick(gen, temperature))}
             if top_k:
                 kwargs["top_k"] = _int(gen, 3, vocab - 2)
-            rows = torch.randn(_int(gen, 1, 2) if top_p else _int(gen, 2, 3), vocab, generator=gen) * 1.5
+            rows = torch.randn(2 if top_p else _int(gen, 2, 3), vocab, generator=gen) * 1.5
             if top_p:
                 rows, kwargs["top_p"] = _top_p_rows(gen, rows, kwargs)
         return {"args": (rows.repeat_interleave(_REPEATS, dim=0),), "kwargs": kwargs, "seed": seed,
@@ -583,17 +583,37 @@ def _sample_inputs(kind: str, *, temperature: tuple = (1.0,), top_k: bool = Fals
 
 def _top_p_rows(gen: torch.Generator, rows: Tensor, kwargs: dict) -> tuple[Tensor, float]:
     """Rows and a top_p that keeps at least two tokens of every row and lies at least 0.04 away from every
-    cumulative probability of the (temperature, top-k) distribution, so that what it keeps is clear-cut."""
-    for _ in range(100):
-        probs = _filtered(rows, kwargs["temperature"], kwargs.get("top_k"), None)
-        cumulative = probs.sort(dim=-1, descending=True).values.cumsum(dim=-1)
+    cumulative probability of the (temperature, top-k) distribution (0.01 for the untempered one), so that what
+    it keeps is clear-cut; and with which the right distribution and three mistakes' are far apart
+    (_top_p_separates), so that each mistake gets its own hint. Two rows: one row often cannot tell top-p before
+    the temperature from the dropped crossing token (with top_k=3 and T > 1 it never can)."""
+    temperature, top_k = kwargs["temperature"], kwargs.get("top_k")
+    for _ in range(300):
+        tempered, untempered = (_filtered(rows, t, top_k, None) for t in (temperature, 1.0))
+        cumulative, untempered_cumulative = (d.sort(dim=-1, descending=True).values.cumsum(dim=-1)
+                                             for d in (tempered, untempered))
         low = float(cumulative[:, 0].max()) + 0.04
         for _ in range(50):
-            p = low + (0.96 - low) * float(torch.rand((), generator=gen))
-            if low < 0.96 and float((cumulative - p).abs().min()) >= 0.04:
-                return rows, round(p, 4)
+            p = round(low + (0.96 - low) * float(torch.rand((), generator=gen)), 4)
+            if (low < 0.96 and float((cumulative - p).abs().min()) >= 0.04
+                    and float((untempered_cumulative - p).abs().min()) >= 0.01
+                    and _top_p_separates(rows, temperature, top_k, p)):
+                return rows, p
         rows = torch.randn(rows.shape, generator=gen)
     raise RuntimeError("no clear-cut top_p found")  # never reached in practice: random rows give one quickly
+
+
+def _top_p_separates(rows: Tensor, temperature: float, top_k: int | None, top_p: float) -> bool:
+    """Whether the right distribution and three mistakes' (the token crossing p dropped, top-p before the
+    temperature, no temperature at all) differ pairwise, in some token, by more than 6 sigma of each plus one
+    sample: draws from one of them then never fit another."""
+    candidates = [_filtered(rows, temperature, top_k, top_p),
+                  _filtered(rows, temperature, top_k, top_p, p_inclusive=True),
+                  _filtered(rows, temperature, top_k, top_p, p_before_temperature=True),
+                  _filtered(rows, 1.0, top_k, top_p)]
+    sigmas = [(c * (1 - c) / _REPEATS).sqrt() for c in candidates]
+    return all(bool(((candidates[i] - candidates[j]).abs() > 6 * (sigmas[i] + sigmas[j]) + 1 / _REPEATS).any())
+               for i in range(len(candidates)) for j in range(i + 1, len(candidates)))
 
 
 def _filtered(rows: Tensor, temperature: float, top_k: int | None, top_p: float | None, *,
