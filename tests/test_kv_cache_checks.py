@@ -200,3 +200,16 @@ def test_check_top_p_mistakes_each_get_their_own_hint(name: str) -> None:
             assert TOP_P_HINTS[name] in verdict.reason, (case.name, seed, verdict.reason)
             others = [hint for other, hint in TOP_P_HINTS.items() if other != name]
             assert not any(hint in verdict.reason for hint in others), (case.name, seed, verdict.reason)
+
+
+def test_check_bytes_names_query_heads_used_for_kv_heads() -> None:
+    """n_heads where n_kv_heads belongs: 8x too large for LLaMA-2-70B, 4x for Mistral-7B, and the hint says why."""
+    mutant = _mutant("bytes_query_heads_for_kv_heads")
+    verdict = core.judge_check(kv_cache.CHECKS["kv_cache_bytes"], core.local_probe(mutant), lambda case: [0])
+    assert not verdict.passed
+    assert "8× too large" in verdict.reason and "n_kv_heads" in verdict.reason, verdict.reason
+    mistral = {"args": (32, 8, 128, 4096), "kwargs": {"dtype": "bfloat16"}, "model": "Mistral-7B", "heads": 32}
+    right = 2 * 32 * 8 * 128 * 4096 * 2
+    with pytest.raises(core.CheckFailed, match="4× too large.*n_kv_heads"):
+        kv_cache._judge_bytes(mistral, {"error": None, "out": 4 * right})
+    kv_cache._judge_bytes(mistral, {"error": None, "out": right})  # the right size passes

@@ -468,20 +468,22 @@ def _judge_gpt(inputs: dict, outputs: dict) -> None:
 
 # --- kv_cache_bytes ---------------------------------------------------------------------------------
 
-_MODELS = {  # name: (layers, K/V heads, d_head, dtype) as published
-    "GPT-2 small (124M) in float32": (12, 12, 64, "float32"),
-    "LLaMA-2-70B in float16 (GQA, 8 K/V heads)": (80, 8, 128, "float16"),
-    "LLaMA-2-70B in float16 without GQA (64 K/V heads)": (80, 64, 128, "float16"),
-    "Mistral-7B in bfloat16 (GQA, 8 K/V heads)": (32, 8, 128, "bfloat16"),
+_MODELS = {  # name: (layers, query heads, K/V heads, d_head, dtype) as published
+    "GPT-2 small (124M) in float32": (12, 12, 12, 64, "float32"),
+    "LLaMA-2-70B in float16 (GQA, 8 K/V heads)": (80, 64, 8, 128, "float16"),
+    "LLaMA-2-70B in float16 without GQA (64 K/V heads)": (80, 64, 64, 128, "float16"),
+    "Mistral-7B in bfloat16 (GQA, 8 K/V heads)": (32, 32, 8, 128, "bfloat16"),
 }
+_GQA_MODELS = ("LLaMA-2-70B in float16 (GQA, 8 K/V heads)", "Mistral-7B in bfloat16 (GQA, 8 K/V heads)")
 
 
 def _bytes_model_inputs(names: tuple[str, ...], per_token: bool):
     def inputs(gen: torch.Generator) -> dict:
         name = _pick(gen, names)
-        layers, kv_heads, d_head, dtype = _MODELS[name]
+        layers, heads, kv_heads, d_head, dtype = _MODELS[name]
         seq_len = 1 if per_token else _pick(gen, (1024, 2048, 4096))
-        return {"args": (layers, kv_heads, d_head, seq_len), "kwargs": {"dtype": dtype}, "model": name}
+        return {"args": (layers, kv_heads, d_head, seq_len), "kwargs": {"dtype": dtype}, "model": name,
+                "heads": heads}
 
     return inputs
 
@@ -527,6 +529,12 @@ def _judge_bytes(inputs: dict, outputs: dict) -> None:
         (expected // itemsize * 4, "the bytes per element come from dtype (torch.float16: 2, torch.float32: 4)"),
         (expected // batch, "every sequence of the batch has its own cache: multiply by batch"),
     ]
+    heads = inputs.get("heads", kv_heads)
+    if heads != kv_heads:  # a published GQA model: its config has both numbers
+        mistakes.append((expected // kv_heads * heads,
+                         f"{heads // kv_heads}× too large: that is the size for {heads} K/V heads, the model's query "
+                         f"heads (n_heads, num_attention_heads). With GQA only {kv_heads} K/V heads are cached, each "
+                         "shared by a group of query heads: count n_kv_heads (num_key_value_heads), not n_heads"))
     for wrong, hint in mistakes:
         if out == wrong and wrong != expected:
             fail(f"{what}: you give {out:,} bytes, expected {expected:,}: {hint}")
@@ -993,6 +1001,8 @@ CHECKS: dict[str, Check] = {
         hidden=(
             Case("published models", _bytes_model_inputs(tuple(_MODELS), per_token=False), "call_with_dtype_or_error",
                  _judge_bytes),
+            Case("GQA models: LLaMA-2-70B, Mistral-7B", _bytes_model_inputs(_GQA_MODELS, per_token=False),
+                 "call_with_dtype_or_error", _judge_bytes),
             Case("random sizes, batch and dtype", _bytes_random_inputs(("float16", "bfloat16", "float32", "float64",
                                                                         "int8")), "call_with_dtype_or_error",
                  _judge_bytes),
