@@ -80,22 +80,26 @@ def test_bench_decoder_cache_rows_identical_outputs() -> None:
 
 
 def test_bench_decoder_cache_row_not_ok_when_the_cache_is_slower(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Identical outputs are not enough: the budget is "faster with identical outputs"."""
+    """Identical outputs are not enough: the budget is "faster with identical outputs". The decoders run for real
+    (identical outputs); the clock says each cached call takes 2 s and each uncached one 1 s."""
+    import types
+
     import solutions.bench as bench
+
+    clock = [0.0]
 
     def slowed(decode):
         def run(*args, use_cache: bool, **kwargs):
-            if use_cache:  # a cache that costs more than recomputing: twice the uncached work, then the cached
-                for _ in range(2):
-                    decode(*args, use_cache=False, **kwargs)
+            clock[0] += 2.0 if use_cache else 1.0
             return decode(*args, use_cache=use_cache, **kwargs)
 
         return run
 
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(bench, "greedy_decode", slowed(bench.greedy_decode))
     monkeypatch.setattr(bench, "beam_search", slowed(bench.beam_search))
     table = bench.Table()
     bench.bench_decoder_cache(table, sentences=2, repeats=1)
     rows = [r for r in table.rows if r["section"] == "enc-dec"]
-    assert len(rows) == 2 and all(r["identical"] is True and r["speedup"] < 1 for r in rows)
+    assert len(rows) == 2 and all(r["identical"] is True and r["speedup"] == 0.5 for r in rows)
     assert all(r["ok"] is False for r in rows)
