@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -142,3 +144,72 @@ def test_gpt_check_builds_the_learners_config_class() -> None:
     verdict = core.judge_check(kv_cache.CHECKS["GPT"], core.local_probe(GPT), lambda case: [0])
     assert verdict.passed, verdict.reason
     assert GPT.__init__.__globals__["GPTConfig"] is GPTConfig
+
+
+class SdpaCausalIfSeveral(CausalSelfAttention):
+    """Bug hunt 3's pattern: is_causal only for a chunk of several tokens (a single token needs no mask), but
+    PyTorch aligns that mask to the top-left when the chunk follows a cached prefix."""
+
+    def forward(self, x, cache=None, layer=0):
+        q = rearrange(self.q_proj(x), "batch seq (heads d_head) -> batch heads seq d_head", heads=self.n_heads)
+        k, v = rearrange(self.kv_proj(x), "batch seq (two kv_heads d_head) -> two batch kv_heads seq d_head",
+                         two=2, kv_heads=self.kv_heads)
+        if cache is not None:
+            k, v = cache.write(layer, k, v)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[-2] > 1)
+        return self.out_proj(rearrange(out, "batch heads seq d_head -> batch seq (heads d_head)"))
+
+
+def _mutant(name: str):
+    from mutants import load_all
+
+    return next(m for m in load_all()["kv_cache_mutants"] if m.name == name).obj
+
+
+@pytest.mark.parametrize("learner", ["SdpaCausalIfSeveral", "mask_not_offset_for_prefix"])
+def test_check_names_the_mask_not_offset_by_the_prefix(learner: str) -> None:
+    """Top-left for chunks and no mask for one token: the hint names the mask, not only the difference."""
+    obj = SdpaCausalIfSeveral if learner == "SdpaCausalIfSeveral" else _mutant(learner)
+    check = kv_cache.CHECKS["CausalSelfAttention"]
+    for level, seeds in (("visible", [0]), ("hidden", [0, 1, 2])):
+        verdict = core.judge_check(check, core.local_probe(obj), lambda case: seeds, level=level)
+        assert not verdict.passed
+        assert "the mask is aligned to the top-left, not offset by the cached prefix" in verdict.reason, verdict.reason
+        assert "causal_mask(seq_q, seq_k)" in verdict.reason
+
+
+TOP_P_HINTS = {
+    "top_p_before_temperature": "top-p must be applied to the distribution after temperature",
+    "top_p_drops_crossing_token": "drops the token that crosses p",
+    "temperature_after_softmax": "has no effect: divide the LOGITS by it",
+}
+
+
+@pytest.mark.parametrize("name", ["top_p_before_temperature", "top_p_drops_crossing_token"])
+def test_check_top_p_mistakes_each_get_their_own_hint(name: str) -> None:
+    """On the top-p cases the two mistakes (and the temperature one) sample different distributions, so the hint
+    names the mistake made and no other."""
+    check = kv_cache.CHECKS["sample_next_token"]
+    top_p_cases = [case for case in check.visible + check.hidden if "top-p" in case.name]
+    assert len(top_p_cases) == 3
+    for case in top_p_cases:
+        for seed in (0, 1, 2, 3):
+            one = dataclasses.replace(check, visible=(case,), hidden=())
+            verdict = core.judge_check(one, core.local_probe(_mutant(name)), lambda case: [seed])
+            assert not verdict.passed, (case.name, seed)
+            assert TOP_P_HINTS[name] in verdict.reason, (case.name, seed, verdict.reason)
+            others = [hint for other, hint in TOP_P_HINTS.items() if other != name]
+            assert not any(hint in verdict.reason for hint in others), (case.name, seed, verdict.reason)
+
+
+def test_check_bytes_names_query_heads_used_for_kv_heads() -> None:
+    """n_heads where n_kv_heads belongs: 8x too large for LLaMA-2-70B, 4x for Mistral-7B, and the hint says why."""
+    mutant = _mutant("bytes_query_heads_for_kv_heads")
+    verdict = core.judge_check(kv_cache.CHECKS["kv_cache_bytes"], core.local_probe(mutant), lambda case: [0])
+    assert not verdict.passed
+    assert "8× too large" in verdict.reason and "n_kv_heads" in verdict.reason, verdict.reason
+    mistral = {"args": (32, 8, 128, 4096), "kwargs": {"dtype": "bfloat16"}, "model": "Mistral-7B", "heads": 32}
+    right = 2 * 32 * 8 * 128 * 4096 * 2
+    with pytest.raises(core.CheckFailed, match="4× too large.*n_kv_heads"):
+        kv_cache._judge_bytes(mistral, {"error": None, "out": 4 * right})
+    kv_cache._judge_bytes(mistral, {"error": None, "out": right})  # the right size passes

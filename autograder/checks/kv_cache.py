@@ -231,7 +231,8 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, state: dict, *
 
 def _attention_reference(inputs: dict, *, mask: str = "end", cache: bool = True, tiled: bool = False) -> Tensor:
     """The layer's output for ``x`` fed in ``chunks``: each chunk's queries over the keys up to its end
-    (``cache=False``: over its own keys only), with ``mask`` "end" (the right one), "top_left" or "none"."""
+    (``cache=False``: over its own keys only), with ``mask`` "end" (the right one), "top_left", "top_left_if_several"
+    (top-left for a chunk of several tokens, none for one: ``is_causal=q.shape[-2] > 1``) or "none"."""
     config, state, x = inputs["config"], inputs["state"], inputs["x"]
     n_heads = config["n_heads"]
     q, k, v = _qkv(x, state, n_heads, config["n_kv_heads"] or n_heads)
@@ -242,7 +243,7 @@ def _attention_reference(inputs: dict, *, mask: str = "end", cache: bool = True,
         seq_q, seq_k = size, end - first
         if mask == "end":
             allowed = torch.ones(seq_q, seq_k, dtype=torch.bool).tril(diagonal=seq_k - seq_q)
-        elif mask == "top_left":
+        elif mask == "top_left" or (mask == "top_left_if_several" and seq_q > 1):
             allowed = torch.ones(seq_q, seq_k, dtype=torch.bool).tril()
         else:
             allowed = None
@@ -287,6 +288,12 @@ def _judge_attention(inputs: dict, outputs: dict) -> None:
          f"fed in chunks {chunks}, the new queries see too few keys: your causal mask is aligned to the top-left "
          "corner (as F.scaled_dot_product_attention(is_causal=True) is when seq_q < seq_k). The new tokens are the "
          "LAST seq_q positions of the seq_k keys: use the end-aligned causal_mask(seq_q, seq_k) of chapter 1 "
+         "(or attention(..., is_causal=True))"),
+        (_attention_reference(inputs, mask="top_left_if_several"),
+         f"fed in chunks {chunks}, a chunk of several new tokens after a cached prefix sees too few keys: the mask is "
+         "aligned to the top-left, not offset by the cached prefix (F.scaled_dot_product_attention(is_causal="
+         "q.shape[-2] > 1) does this when seq_q < seq_k; one-token steps hide it, since they need no mask). The new "
+         "tokens are the LAST seq_q of the seq_k keys: use the end-aligned causal_mask(seq_q, seq_k) of chapter 1 "
          "(or attention(..., is_causal=True))"),
         (_attention_reference(inputs, mask="none"),
          f"fed in chunks {chunks}, a new token sees the new tokens after it: one-token steps need no mask, but a "
@@ -461,20 +468,22 @@ def _judge_gpt(inputs: dict, outputs: dict) -> None:
 
 # --- kv_cache_bytes ---------------------------------------------------------------------------------
 
-_MODELS = {  # name: (layers, K/V heads, d_head, dtype) as published
-    "GPT-2 small (124M) in float32": (12, 12, 64, "float32"),
-    "LLaMA-2-70B in float16 (GQA, 8 K/V heads)": (80, 8, 128, "float16"),
-    "LLaMA-2-70B in float16 without GQA (64 K/V heads)": (80, 64, 128, "float16"),
-    "Mistral-7B in bfloat16 (GQA, 8 K/V heads)": (32, 8, 128, "bfloat16"),
+_MODELS = {  # name: (layers, query heads, K/V heads, d_head, dtype) as published
+    "GPT-2 small (124M) in float32": (12, 12, 12, 64, "float32"),
+    "LLaMA-2-70B in float16 (GQA, 8 K/V heads)": (80, 64, 8, 128, "float16"),
+    "LLaMA-2-70B in float16 without GQA (64 K/V heads)": (80, 64, 64, 128, "float16"),
+    "Mistral-7B in bfloat16 (GQA, 8 K/V heads)": (32, 32, 8, 128, "bfloat16"),
 }
+_GQA_MODELS = ("LLaMA-2-70B in float16 (GQA, 8 K/V heads)", "Mistral-7B in bfloat16 (GQA, 8 K/V heads)")
 
 
 def _bytes_model_inputs(names: tuple[str, ...], per_token: bool):
     def inputs(gen: torch.Generator) -> dict:
         name = _pick(gen, names)
-        layers, kv_heads, d_head, dtype = _MODELS[name]
+        layers, heads, kv_heads, d_head, dtype = _MODELS[name]
         seq_len = 1 if per_token else _pick(gen, (1024, 2048, 4096))
-        return {"args": (layers, kv_heads, d_head, seq_len), "kwargs": {"dtype": dtype}, "model": name}
+        return {"args": (layers, kv_heads, d_head, seq_len), "kwargs": {"dtype": dtype}, "model": name,
+                "heads": heads}
 
     return inputs
 
@@ -520,6 +529,12 @@ def _judge_bytes(inputs: dict, outputs: dict) -> None:
         (expected // itemsize * 4, "the bytes per element come from dtype (torch.float16: 2, torch.float32: 4)"),
         (expected // batch, "every sequence of the batch has its own cache: multiply by batch"),
     ]
+    heads = inputs.get("heads", kv_heads)
+    if heads != kv_heads:  # a published GQA model: its config has both numbers
+        mistakes.append((expected // kv_heads * heads,
+                         f"{heads // kv_heads}× too large: that is the size for {heads} K/V heads, the model's query "
+                         f"heads (n_heads, num_attention_heads). With GQA only {kv_heads} K/V heads are cached, each "
+                         "shared by a group of query heads: count n_kv_heads (num_key_value_heads), not n_heads"))
     for wrong, hint in mistakes:
         if out == wrong and wrong != expected:
             fail(f"{what}: you give {out:,} bytes, expected {expected:,}: {hint}")
@@ -565,7 +580,7 @@ def _sample_inputs(kind: str, *, temperature: tuple = (1.0,), top_k: bool = Fals
             kwargs = {"temperature": float(_pick(gen, temperature))}
             if top_k:
                 kwargs["top_k"] = _int(gen, 3, vocab - 2)
-            rows = torch.randn(_int(gen, 1, 2) if top_p else _int(gen, 2, 3), vocab, generator=gen) * 1.5
+            rows = torch.randn(2 if top_p else _int(gen, 2, 3), vocab, generator=gen) * 1.5
             if top_p:
                 rows, kwargs["top_p"] = _top_p_rows(gen, rows, kwargs)
         return {"args": (rows.repeat_interleave(_REPEATS, dim=0),), "kwargs": kwargs, "seed": seed,
@@ -576,17 +591,37 @@ def _sample_inputs(kind: str, *, temperature: tuple = (1.0,), top_k: bool = Fals
 
 def _top_p_rows(gen: torch.Generator, rows: Tensor, kwargs: dict) -> tuple[Tensor, float]:
     """Rows and a top_p that keeps at least two tokens of every row and lies at least 0.04 away from every
-    cumulative probability of the (temperature, top-k) distribution, so that what it keeps is clear-cut."""
-    for _ in range(100):
-        probs = _filtered(rows, kwargs["temperature"], kwargs.get("top_k"), None)
-        cumulative = probs.sort(dim=-1, descending=True).values.cumsum(dim=-1)
+    cumulative probability of the (temperature, top-k) distribution (0.01 for the untempered one), so that what
+    it keeps is clear-cut; and with which the right distribution and three mistakes' are far apart
+    (_top_p_separates), so that each mistake gets its own hint. Two rows: one row often cannot tell top-p before
+    the temperature from the dropped crossing token (with top_k=3 and T > 1 it never can)."""
+    temperature, top_k = kwargs["temperature"], kwargs.get("top_k")
+    for _ in range(300):
+        tempered, untempered = (_filtered(rows, t, top_k, None) for t in (temperature, 1.0))
+        cumulative, untempered_cumulative = (d.sort(dim=-1, descending=True).values.cumsum(dim=-1)
+                                             for d in (tempered, untempered))
         low = float(cumulative[:, 0].max()) + 0.04
         for _ in range(50):
-            p = low + (0.96 - low) * float(torch.rand((), generator=gen))
-            if low < 0.96 and float((cumulative - p).abs().min()) >= 0.04:
-                return rows, round(p, 4)
+            p = round(low + (0.96 - low) * float(torch.rand((), generator=gen)), 4)
+            if (low < 0.96 and float((cumulative - p).abs().min()) >= 0.04
+                    and float((untempered_cumulative - p).abs().min()) >= 0.01
+                    and _top_p_separates(rows, temperature, top_k, p)):
+                return rows, p
         rows = torch.randn(rows.shape, generator=gen)
     raise RuntimeError("no clear-cut top_p found")  # never reached in practice: random rows give one quickly
+
+
+def _top_p_separates(rows: Tensor, temperature: float, top_k: int | None, top_p: float) -> bool:
+    """Whether the right distribution and three mistakes' (the token crossing p dropped, top-p before the
+    temperature, no temperature at all) differ pairwise, in some token, by more than 6 sigma of each plus one
+    sample: draws from one of them then never fit another."""
+    candidates = [_filtered(rows, temperature, top_k, top_p),
+                  _filtered(rows, temperature, top_k, top_p, p_inclusive=True),
+                  _filtered(rows, temperature, top_k, top_p, p_before_temperature=True),
+                  _filtered(rows, 1.0, top_k, top_p)]
+    sigmas = [(c * (1 - c) / _REPEATS).sqrt() for c in candidates]
+    return all(bool(((candidates[i] - candidates[j]).abs() > 6 * (sigmas[i] + sigmas[j]) + 1 / _REPEATS).any())
+               for i in range(len(candidates)) for j in range(i + 1, len(candidates)))
 
 
 def _filtered(rows: Tensor, temperature: float, top_k: int | None, top_p: float | None, *,
@@ -966,6 +1001,8 @@ CHECKS: dict[str, Check] = {
         hidden=(
             Case("published models", _bytes_model_inputs(tuple(_MODELS), per_token=False), "call_with_dtype_or_error",
                  _judge_bytes),
+            Case("GQA models: LLaMA-2-70B, Mistral-7B", _bytes_model_inputs(_GQA_MODELS, per_token=False),
+                 "call_with_dtype_or_error", _judge_bytes),
             Case("random sizes, batch and dtype", _bytes_random_inputs(("float16", "bfloat16", "float32", "float64",
                                                                         "int8")), "call_with_dtype_or_error",
                  _judge_bytes),

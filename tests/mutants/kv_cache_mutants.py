@@ -271,6 +271,17 @@ MUTANTS: list[Mutant] = [
         ("* seq_len * batch * dtype.itemsize", "* seq_len * dtype.itemsize"),
     ),
     _mutant(
+        "bytes_query_heads_for_kv_heads", "kv_cache_bytes",
+        "n_heads used for n_kv_heads: the cache is sized for the query heads (a config's num_attention_heads) "
+        "instead of the K/V heads (num_key_value_heads), so GQA's saving is lost: 8x too large for LLaMA-2-70B "
+        "(64 query heads, 8 K/V heads), 4x for Mistral-7B. The mistake is made where the sizes are read from the "
+        "config; the function's own arguments cannot show it, so the mutant maps the two published GQA models' "
+        "sizes to their query heads.",
+        ("    return 2 * n_layers * n_kv_heads * d_head",
+         "    n_kv_heads = {(80, 8, 128): 64, (32, 8, 128): 32}.get((n_layers, n_kv_heads, d_head), n_kv_heads)\n"
+         "    return 2 * n_layers * n_kv_heads * d_head"),
+    ),
+    _mutant(
         "bytes_unchecked", "kv_cache_bytes",
         "No argument checks: kv_cache_bytes(0, ...) answers 0 bytes and a negative seq_len a negative size, "
         "where the exercise asks for a ValueError naming the argument (a sizing tool fed a typo says nothing).",
