@@ -516,10 +516,16 @@ def _judge_noam_bad(inputs: dict, outputs: dict) -> None:
 # --- noam_scheduler -------------------------------------------------------------------------------
 
 
-def _scheduler_inputs(gen: torch.Generator, lrs: tuple[float, ...] = (1.0,)) -> dict:
+def _scheduler_inputs(gen: torch.Generator, lrs: tuple[float, ...] = (1.0,),
+                      initial_lrs: tuple[float, ...] | None = None) -> dict:
     d_model, warmup = 8 * _int(gen, 2, 32), _int(gen, 3, 12)
-    return {"lrs": list(lrs), "args": (d_model, warmup), "kwargs": {"factor": [1.0, 2.0][_int(gen, 0, 1)]},
-            "steps": 3 * warmup}
+    return {"lrs": list(lrs), "initial_lrs": list(initial_lrs) if initial_lrs else None, "args": (d_model, warmup),
+            "kwargs": {"factor": [1.0, 2.0][_int(gen, 0, 1)]}, "steps": 3 * warmup}
+
+
+def _base_lrs(inputs: dict) -> list[float]:
+    """The lr LambdaLR scales in each group: its ``initial_lr`` when an earlier scheduler set one, else its lr."""
+    return list(inputs.get("initial_lrs") or inputs["lrs"])
 
 
 def _judge_scheduler(inputs: dict, outputs: dict) -> None:
@@ -527,6 +533,10 @@ def _judge_scheduler(inputs: dict, outputs: dict) -> None:
     factor = inputs["kwargs"]["factor"]
     schedule = _noam_schedule(d_model, warmup, factor, inputs["steps"])
     if outputs["error"] is not None:
+        if inputs.get("initial_lrs"):
+            fail(f"noam_scheduler raised {outputs['error']['type']} for an optimizer whose groups have "
+                 f"initial_lr=1.0 (their current lr {inputs['lrs'][0]} was left by an earlier scheduler; LambdaLR "
+                 f"scales initial_lr, so check that one): {outputs['error']['message']}")
         fail(f"noam_scheduler raised {outputs['error']['type']} for an optimizer made with lr=1.0: "
              f"{outputs['error']['message']}")
     lrs = outputs["lrs"]
@@ -545,13 +555,18 @@ def _judge_scheduler(inputs: dict, outputs: dict) -> None:
 
 
 def _judge_scheduler_refuses(inputs: dict, outputs: dict) -> None:
-    bad = [lr for lr in inputs["lrs"] if lr != 1.0]
+    base = _base_lrs(inputs)
+    bad = [lr for lr in base if lr != 1.0]
     d_model, warmup = inputs["args"]
     schedule = _noam_schedule(d_model, warmup, inputs["kwargs"]["factor"], inputs["steps"])  # asked for up front
     if outputs["error"] is None:
         lrs = outputs["lrs"]
         scaled = all(math.isclose(got, lr * schedule[step], rel_tol=1e-6)
-                     for step, row in enumerate(lrs) for got, lr in zip(row, inputs["lrs"]))
+                     for step, row in enumerate(lrs) for got, lr in zip(row, base))
+        if scaled and inputs.get("initial_lrs"):
+            fail(f"the group's lr is 1.0 but its initial_lr is {bad[0]} (an earlier scheduler set it), and LambdaLR "
+                 f"scales initial_lr: your schedule is silently {bad[0]}× the Noam rate. Check a group's initial_lr "
+                 "when it has one, and raise a ValueError that names lr")
         if scaled:
             fail(f"with an optimizer made with lr={bad[0]} your schedule is silently {bad[0]}× the Noam rate: "
                  "LambdaLR multiplies the optimizer's lr by the lambda. Refuse any lr other than 1.0 with a ValueError "
@@ -1180,6 +1195,11 @@ CHECKS: dict[str, Check] = {
                  _judge_scheduler),
             Case("an optimizer made with lr=1e-3 is refused", lambda g: _scheduler_inputs(g, lrs=(1e-3,)),
                  "scheduler_lrs", _judge_scheduler_refuses),
+            Case("a group whose initial_lr is 1e-3 is refused, whatever its current lr",
+                 lambda g: _scheduler_inputs(g, lrs=(1.0,), initial_lrs=(1e-3,)), "scheduler_lrs",
+                 _judge_scheduler_refuses),
+            Case("a group whose initial_lr is 1.0 is accepted, whatever its current lr",
+                 lambda g: _scheduler_inputs(g, lrs=(0.25,), initial_lrs=(1.0,)), "scheduler_lrs", _judge_scheduler),
         ),
         hidden=(
             Case("two parameter groups", lambda g: _scheduler_inputs(g, lrs=(1.0, 1.0)), "scheduler_lrs",

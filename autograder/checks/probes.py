@@ -214,10 +214,13 @@ def module_forward_each(obj: Any, inputs: dict) -> dict:
 
 
 def scheduler_lrs(obj: Any, inputs: dict) -> dict:
-    """An optimizer over one parameter, one param group per lr of ``inputs["lrs"]``; ``obj(optimizer, *args)``;
+    """An optimizer over one parameter, one param group per lr of ``inputs["lrs"]`` (with the ``initial_lr`` of
+    ``inputs["initial_lrs"]`` when given, as an earlier scheduler leaves it); ``obj(optimizer, *args)``;
     then each group's lr before each of ``inputs["steps"]`` optimizer and scheduler steps. An exception raised
     by ``obj`` is returned (type and message) instead of raised."""
     groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": lr} for lr in inputs["lrs"]]
+    for group, initial in zip(groups, inputs.get("initial_lrs") or ()):
+        group["initial_lr"] = initial  # what an earlier scheduler leaves in the group
     optimizer = torch.optim.SGD(groups)
     try:
         scheduler = obj(optimizer, *inputs.get("args", ()), **inputs.get("kwargs", {}))

@@ -239,6 +239,13 @@ def scheduler_lr_not_checked(optimizer, d_model, warmup, factor=1.0):
     return LambdaLR(optimizer, lambda step: _noam_lr(step, d_model, warmup, factor))
 
 
+def scheduler_checks_lr_not_initial_lr(optimizer, d_model, warmup, factor=1.0):
+    for group in optimizer.param_groups:
+        if group["lr"] != 1.0:
+            raise ValueError(f"make the optimizer with lr=1.0; got lr={group['lr']}")
+    return LambdaLR(optimizer, lambda step: _noam_lr(step, d_model, warmup, factor))
+
+
 def scheduler_one_step_ahead(optimizer, d_model, warmup, factor=1.0):
     for group in optimizer.param_groups:
         if group["lr"] != 1.0:
@@ -509,6 +516,9 @@ MUTANTS: list[Mutant] = [
     Mutant("scheduler_lr_not_checked", "noam_scheduler",
            "LambdaLR over an optimizer made with lr=1e-3: the schedule is silently multiplied by it",
            scheduler_lr_not_checked),
+    Mutant("scheduler_checks_lr_not_initial_lr", "noam_scheduler",
+           "checks each group's current lr, not the initial_lr LambdaLR scales: after an earlier scheduler it "
+           "refuses a good optimizer and accepts one whose schedule is silently scaled", scheduler_checks_lr_not_initial_lr),
     Mutant("scheduler_one_step_ahead", "noam_scheduler",
            "the lambda adds 1 to the step: every update uses the next step's lr", scheduler_one_step_ahead),
     Mutant("ls_loss_over_padding", "label_smoothed_cross_entropy",
