@@ -256,6 +256,16 @@ def recorded(fn: Callable) -> Callable:
     return call
 
 
+def stacked(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """Same-shaped tensors as their names and one stacked tensor, so that a recording holds one tensor per call."""
+    return {"names": list(tensors), "values": torch.stack([t.to(dtype or t.dtype) for t in tensors.values()])}
+
+
+def unstacked(table: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensors of :func:`stacked` by name."""
+    return dict(zip(table["names"], table["values"]))
+
+
 def recording(checks: Iterable[str], answers: Callable[[str], Any]) -> dict[str, dict[str, Any]]:
     """Run the visible cases (seed 0, as the notebook) of the checks modules ``checks`` with the reference
     answers (``answers(exercise) -> object``) and return every recorded call: checks module -> digest -> result."""

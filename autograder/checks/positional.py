@@ -40,15 +40,6 @@ def _ref_bias(heads: int, seq_q: int, seq_k: int) -> torch.Tensor:
     return ref.alibi_bias(heads, seq_q, seq_k).double()
 
 
-def _stack(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> dict:
-    """Same-shaped tensors as names and one stacked tensor: the recording then holds one tensor per call."""
-    return {"names": list(tensors), "values": torch.stack([t.to(dtype or t.dtype) for t in tensors.values()])}
-
-
-def _unstack(stacked: dict) -> dict[str, torch.Tensor]:
-    return dict(zip(stacked["names"], stacked["values"]))
-
-
 def _sinusoid_variant(seq_len: int, d_model: int, *, swap=False, exponent=2.0, base=10000.0, first=0) -> torch.Tensor:
     """The encoding with one of the usual mistakes (exponent 2 is the correct 2i/d); only for _sinusoid_mistakes."""
     position = torch.arange(first, first + seq_len, dtype=torch.float64)[:, None]
@@ -65,11 +56,11 @@ def _sinusoid_variant(seq_len: int, d_model: int, *, swap=False, exponent=2.0, b
 def _sinusoid_mistakes(seq_len: int, d_model: int) -> dict:
     """The output of each mistake of _SINUSOID_MISTAKES (stacked)."""
     right = _sinusoid_variant(seq_len, d_model)
-    return _stack({"swap": _sinusoid_variant(seq_len, d_model, swap=True),
-            "exponent": _sinusoid_variant(seq_len, d_model, exponent=1.0),
-            "base": _sinusoid_variant(seq_len, d_model, base=1000.0),
-            "first": _sinusoid_variant(seq_len, d_model, first=1),
-            "concatenated": torch.cat([right[:, 0::2], right[:, 1::2]], dim=-1)})
+    return core.stacked({"swap": _sinusoid_variant(seq_len, d_model, swap=True),
+                         "exponent": _sinusoid_variant(seq_len, d_model, exponent=1.0),
+                         "base": _sinusoid_variant(seq_len, d_model, base=1000.0),
+                         "first": _sinusoid_variant(seq_len, d_model, first=1),
+                         "concatenated": torch.cat([right[:, 0::2], right[:, 1::2]], dim=-1)})
 
 
 @core.recorded
@@ -80,7 +71,7 @@ def _learned_outputs(x: torch.Tensor, weight: torch.Tensor, start_pos: int) -> d
                "alone": weight[start_pos : start_pos + seq].expand_as(x)}
     if start_pos + seq + 1 <= weight.shape[0]:
         outputs["off_by_one"] = x + weight[start_pos + 1 : start_pos + seq + 1]
-    return _stack(outputs)
+    return core.stacked(outputs)
 
 
 def _rope_variant(x: torch.Tensor, start_pos: int, base: float, *, sign: float = 1.0, halves: bool = False):
@@ -102,20 +93,20 @@ def _rope_mistakes(x: torch.Tensor, start_pos: int, base: float) -> dict:
     """The output of each mistake of _ROPE_MISTAKES and _ROPE_COMPLEX_MISTAKES (stacked, in float32: they only
     name a wrong answer, compared with rtol 1e-4, and float64 would double the recording)."""
     right = _rope_variant(x, start_pos, base)
-    return _stack({"transposed": _rope_variant(x, start_pos, base, sign=-1.0),
-            "halves": _rope_variant(x, start_pos, base, halves=True),
-            "start_ignored": _rope_variant(x, 0, base),
-            "base_ignored": _rope_variant(x, start_pos, 10000.0),
-            "exponent": _rope_variant(x, start_pos, base ** 0.5),
-            "concatenated": torch.cat([right[..., 0::2], right[..., 1::2]], dim=-1)}, torch.float32)
+    return core.stacked({"transposed": _rope_variant(x, start_pos, base, sign=-1.0),
+                         "halves": _rope_variant(x, start_pos, base, halves=True),
+                         "start_ignored": _rope_variant(x, 0, base),
+                         "base_ignored": _rope_variant(x, start_pos, 10000.0),
+                         "exponent": _rope_variant(x, start_pos, base ** 0.5),
+                         "concatenated": torch.cat([right[..., 0::2], right[..., 1::2]], dim=-1)}, torch.float32)
 
 
 @core.recorded
 def _slopes_mistakes(n: int) -> dict:
     """The output of each mistake of _slopes_hints (stacked)."""
     right, start = ref.alibi_slopes(n).double(), 2.0 ** (-8.0 / n)
-    return _stack({"negative": -right, "naive": torch.tensor([start ** (i + 1) for i in range(n)],
-                                                             dtype=torch.float64), "reversed": right.flip(0)})
+    return core.stacked({"negative": -right, "naive": torch.tensor([start ** (i + 1) for i in range(n)],
+                                                                  dtype=torch.float64), "reversed": right.flip(0)})
 
 
 @core.recorded
@@ -123,9 +114,9 @@ def _bias_mistakes(heads: int, seq_q: int, seq_k: int) -> dict:
     """The output of each mistake of _BIAS_MISTAKES (stacked)."""
     slopes = ref.alibi_slopes(heads).double()[:, None, None]
     query, key = torch.arange(seq_q)[:, None], torch.arange(seq_k)[None, :]
-    return _stack({"positive": slopes * (query + (seq_k - seq_q) - key).abs(),
-                   "start_aligned": -slopes * (query - key).abs(),
-                   "signed": -slopes * (query + (seq_k - seq_q) - key).double()})
+    return core.stacked({"positive": slopes * (query + (seq_k - seq_q) - key).abs(),
+                         "start_aligned": -slopes * (query - key).abs(),
+                         "signed": -slopes * (query + (seq_k - seq_q) - key).double()})
 
 
 def _randint(gen: torch.Generator, low: int, high: int) -> int:
@@ -217,7 +208,7 @@ _SINUSOID_MISTAKES = {
 def _judge_sinusoid(inputs: dict, outputs: dict) -> None:
     seq_len, d_model = inputs["args"]
     out = outputs["out"]
-    expected, mistakes = _ref_sinusoid(seq_len, d_model), _unstack(_sinusoid_mistakes(seq_len, d_model))
+    expected, mistakes = _ref_sinusoid(seq_len, d_model), core.unstacked(_sinusoid_mistakes(seq_len, d_model))
     if _matches(out, expected):
         return
     _diagnose(out, _SINUSOID_MISTAKES, mistakes)
@@ -287,7 +278,7 @@ _LEARNED_MISTAKES = {
 def _judge_learned(inputs: dict, outputs: dict) -> None:
     _no_error(outputs)
     (x,), start_pos = inputs["args"], inputs["kwargs"]["start_pos"]
-    outputs_of = _unstack(_learned_outputs(x, inputs["state"]["embedding.weight"], start_pos))
+    outputs_of = core.unstacked(_learned_outputs(x, inputs["state"]["embedding.weight"], start_pos))
     expected, out = outputs_of["expected"], outputs["out"]
     if _matches(out, expected):
         return
@@ -363,7 +354,7 @@ def _judge_rope(inputs: dict, outputs: dict) -> None:
     (x,) = inputs["args"]
     start_pos, base = inputs["kwargs"].get("start_pos", 0), inputs["kwargs"].get("base", 10000.0)
     out = outputs["out"]
-    expected, mistakes = _ref_rope(x, start_pos, base), _unstack(_rope_mistakes(x, start_pos, base))
+    expected, mistakes = _ref_rope(x, start_pos, base), core.unstacked(_rope_mistakes(x, start_pos, base))
     atol = 1e-5 if x.dtype == torch.float32 else 1e-10
     if _matches(out, expected, atol):
         return
@@ -416,7 +407,8 @@ def _judge_rope_complex(inputs: dict, outputs: dict) -> None:
     start_pos, base = inputs["kwargs"].get("start_pos", 0), inputs["kwargs"].get("base", 10000.0)
     out = outputs["out"]
     # the pairwise rotation (the other exercise), in float64
-    expected, mistakes = _ref_rope(x.double(), start_pos, base), _unstack(_rope_mistakes(x.double(), start_pos, base))
+    expected = _ref_rope(x.double(), start_pos, base)
+    mistakes = core.unstacked(_rope_mistakes(x.double(), start_pos, base))
     atol = 1e-5 if x.dtype == torch.float32 else 1e-10
     if isinstance(out, torch.Tensor) and out.shape == x.shape and out.dtype != x.dtype:
         fail(f"return the dtype of x ({x.dtype}), not {out.dtype}: convert back after torch.view_as_real")
@@ -452,7 +444,7 @@ def _slopes_hints(n: int) -> dict[str, str]:
 def _judge_slopes(inputs: dict, outputs: dict) -> None:
     (n,) = inputs["args"]
     out = outputs["out"]
-    expected, mistakes = _ref_slopes(n), _unstack(_slopes_mistakes(n))
+    expected, mistakes = _ref_slopes(n), core.unstacked(_slopes_mistakes(n))
     if _matches(out, expected, 1e-7):
         return
     _diagnose(out, _slopes_hints(n), mistakes, 1e-7)
@@ -484,7 +476,7 @@ _BIAS_MISTAKES = {
 def _judge_bias(inputs: dict, outputs: dict) -> None:
     heads, seq_q, seq_k = inputs["args"]
     out = outputs["out"]
-    expected, mistakes = _ref_bias(heads, seq_q, seq_k), _unstack(_bias_mistakes(heads, seq_q, seq_k))
+    expected, mistakes = _ref_bias(heads, seq_q, seq_k), core.unstacked(_bias_mistakes(heads, seq_q, seq_k))
     if _matches(out, expected, 1e-6):
         return
     _diagnose(out, _BIAS_MISTAKES, mistakes, 1e-6)
