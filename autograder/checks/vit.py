@@ -4,7 +4,11 @@ Each judge compares with an independent reference — image blocks cut with
 ``Tensor.unfold`` (patchify), ``F.conv2d`` (the patch embedding), torchvision's
 ``VisionTransformer`` with the same weights (the forward pass and the parameter
 count) and torchvision's ``interpolate_embeddings`` (a new image size) — and,
-when the answer is wrong, recomputes the usual mistakes to name the one that was made.
+when the answer is wrong, names the usual mistake whose output it is. What the checks
+compute themselves (the patches, the conv's weight as a Linear's, [CLS] and positions)
+and every mistake one edit away from an answer are computed in ``@core.recorded``
+functions of the case inputs, called before the early return: a student edition that
+withholds chapter 5 replays their results and holds no code computing them.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ def _no_error(outputs: dict) -> None:
 # --- patchify --------------------------------------------------------------------------------------
 
 
+@core.recorded
 def _blocks(images: Tensor, p: int) -> Tensor:
     """The reference patches, cut with Tensor.unfold: (batch, h·w, p·p·channels), row-major, (p1 p2 channels)."""
     batch, channels = images.shape[:2]
@@ -83,36 +88,47 @@ def _patch_inputs(gen: torch.Generator, *, channels=(2, 3), grid=(2, 4), patch=(
     return {"args": (images, p)}
 
 
+@core.recorded
+def _patchify_mistakes(images: Tensor, p: int) -> dict[str, Any]:
+    """The patches of each mistake of _patchify_hints (stacked)."""
+    batch, c, height, width = images.shape
+    h, w = height // p, width // p
+    grid = images.reshape(batch, c, h, p, w, p)
+    return core.stacked({"channels_first": images.unfold(2, p, p).unfold(3, p, p).reshape(batch, h * w, p * p * c),
+                         "memory_runs": images.reshape(batch, h * w, p * p * c),
+                         "channels_inside": rearrange(grid, "batch c h p1 w p2 -> batch (h w) (c p1 p2)"),
+                         "column_major": rearrange(grid, "batch c h p1 w p2 -> batch (w h) (p1 p2 c)"),
+                         "transposed": rearrange(grid, "batch c h p1 w p2 -> batch (h w) (p2 p1 c)")})
+
+
+def _patchify_hints(c: int) -> dict[str, str]:
+    return {
+        "channels_first": f"your 'patch' 0 holds {c} different image blocks of channel 0, not one block with its {c} "
+        "channels: after unfold (or a reshape to (batch, channels, h, w, p1, p2)) the channel axis is still first, so "
+        "a view/reshape to (batch, patches, values) mixes channels and blocks. Move channels last before flattening "
+        "(einops: 'batch channels (h p1) (w p2) -> batch (h w) (p1 p2 channels)')",
+        "memory_runs": "your patches are consecutive runs of the image's memory, not p×p blocks: a plain view/reshape "
+        "of (batch, channels, height, width) cannot cut blocks. Split height and width into (h p1) and (w p2) and "
+        "move the axes (einops: 'batch channels (h p1) (w p2) -> batch (h w) (p1 p2 channels)')",
+        "channels_inside": "each patch holds the right pixels, flattened as (channels p1 p2) (what F.unfold and a "
+        "reshape of the conv weight give); the documented order is (p1 p2 channels): pixel by pixel, the channels of "
+        "a pixel together",
+        "column_major": "your patches are in column-major order: number them row by row, (h w), so patch 1 is the "
+        "block right of patch 0",
+        "transposed": "each patch is transposed: flatten it row by row, (p1 p2), p1 being the row inside the patch",
+    }
+
+
 def _judge_patchify(inputs: dict, outputs: dict) -> None:
     images, p = inputs["args"]
     batch, c, height, width = images.shape
     h, w = height // p, width // p
-    expected = _blocks(images, p)
+    expected, mistakes = _blocks(images, p), core.unstacked(_patchify_mistakes(images, p))
     out = outputs["out"]
     if _same(out, expected):
         return
-    grid = images.reshape(batch, c, h, p, w, p)
-    mistakes = [
-        (images.unfold(2, p, p).unfold(3, p, p).reshape(batch, h * w, p * p * c),
-         f"your 'patch' 0 holds {c} different image blocks of channel 0, not one block with its {c} channels: "
-         "after unfold (or a reshape to (batch, channels, h, w, p1, p2)) the channel axis is still first, so a "
-         "view/reshape to (batch, patches, values) mixes channels and blocks. Move channels last before flattening "
-         "(einops: 'batch channels (h p1) (w p2) -> batch (h w) (p1 p2 channels)')"),
-        (images.reshape(batch, h * w, p * p * c),
-         "your patches are consecutive runs of the image's memory, not p×p blocks: a plain view/reshape of "
-         "(batch, channels, height, width) cannot cut blocks. Split height and width into (h p1) and (w p2) and move "
-         "the axes (einops: 'batch channels (h p1) (w p2) -> batch (h w) (p1 p2 channels)')"),
-        (rearrange(grid, "batch c h p1 w p2 -> batch (h w) (c p1 p2)"),
-         "each patch holds the right pixels, flattened as (channels p1 p2) (what F.unfold and a reshape of the conv "
-         "weight give); the documented order is (p1 p2 channels): pixel by pixel, the channels of a pixel together"),
-        (rearrange(grid, "batch c h p1 w p2 -> batch (w h) (p1 p2 c)"),
-         "your patches are in column-major order: number them row by row, (h w), so patch 1 is the block right of "
-         "patch 0"),
-        (rearrange(grid, "batch c h p1 w p2 -> batch (h w) (p2 p1 c)"),
-         "each patch is transposed: flatten it row by row, (p1 p2), p1 being the row inside the patch"),
-    ]
-    for wrong, message in mistakes:
-        if _same(out, wrong):
+    for bug, message in _patchify_hints(c).items():
+        if _same(out, mistakes[bug]):
             fail(message)
     if isinstance(out, Tensor) and tuple(out.shape) == tuple(expected.shape):
         bad = (out.to(expected.dtype) - expected).abs().flatten(2).amax(-1).amax(0) > 1e-5
@@ -156,14 +172,38 @@ def _conv_inputs(gen: torch.Generator, *, bias: bool = True, dtype=torch.float32
             "conv": conv, "images": images, "patches": _blocks(images, p)}
 
 
+@core.recorded
+def _conv_weights(weight: Tensor, bias: Tensor | None, patches: Tensor) -> dict[str, Any]:
+    """The Linear's right weight ("weight"), and the outputs of the mistakes of _CONV_MISTAKES these inputs allow
+    ("mistakes", stacked)."""
+    d_model = weight.shape[0]
+    right = rearrange(weight, "d c p1 p2 -> d (p1 p2 c)")
+    mistakes = {"reshaped": F.linear(patches, weight.reshape(d_model, -1), bias),
+                "transposed": F.linear(patches, rearrange(weight, "d c p1 p2 -> d (p2 p1 c)"), bias)}
+    if bias is not None:
+        mistakes["no_bias"] = F.linear(patches, right)
+    return {"weight": right, "mistakes": core.stacked(mistakes)}
+
+
+_CONV_MISTAKES = {
+    "reshaped": "conv.weight.reshape(d_model, -1) flattens each kernel as (channels p1 p2), but patchify flattens a "
+    "patch as (p1 p2 channels): the weights then meet the wrong pixels. Rearrange the weight "
+    "'d_model channels p1 p2 -> d_model (p1 p2 channels)'",
+    "transposed": "your weight rows are transposed inside the kernel: flatten it as (p1 p2 channels), p1 the kernel "
+    "row",
+    "no_bias": "the bias is missing: copy conv.bias into the Linear's bias",
+}
+
+
 def _judge_conv(inputs: dict, outputs: dict) -> None:
     _no_error(outputs)
     if not outputs["is_linear"]:
         fail("return an nn.Linear (in_features = p·p·channels, out_features = d_model) with the conv's weights")
     weight, bias, images, patches = inputs["weight"], inputs["bias"], inputs["images"], inputs["patches"]
-    d_model, p = weight.shape[0], weight.shape[-1]
+    p = weight.shape[-1]
     conv_out = F.conv2d(images, weight, bias, stride=p)
     expected = rearrange(conv_out, "batch d_model h w -> batch (h w) d_model")
+    found = _conv_weights(weight, bias, patches)
     out = outputs["out"]
     if _same(out, expected, 1e-4):
         return
@@ -171,21 +211,11 @@ def _judge_conv(inputs: dict, outputs: dict) -> None:
         fail(f"the conv is {expected.dtype}; your Linear gives {out.dtype}: create it with the conv's dtype and device")
     if bias is None and outputs["bias"] is not None and torch.any(outputs["bias"] != 0):
         fail("this conv has no bias, but your Linear adds one (a random initial bias): use bias=conv.bias is not None")
-    right_weight = rearrange(weight, "d c p1 p2 -> d (p1 p2 c)")
-    if bias is not None and _same(outputs["weight"], right_weight, 1e-6) and not _same(outputs["bias"], bias, 1e-6):
+    if bias is not None and _same(outputs["weight"], found["weight"], 1e-6) and not _same(outputs["bias"], bias, 1e-6):
         fail("the weight is right but the bias is not the conv's: copy conv.bias into the Linear's bias (a new "
              "nn.Linear starts with a random one)")
-    mistakes = [
-        (F.linear(patches, weight.reshape(d_model, -1), bias),
-         "conv.weight.reshape(d_model, -1) flattens each kernel as (channels p1 p2), but patchify flattens a patch "
-         "as (p1 p2 channels): the weights then meet the wrong pixels. Rearrange the weight "
-         "'d_model channels p1 p2 -> d_model (p1 p2 channels)'"),
-        (F.linear(patches, rearrange(weight, "d c p1 p2 -> d (p2 p1 c)"), bias),
-         "your weight rows are transposed inside the kernel: flatten it as (p1 p2 channels), p1 the kernel row"),
-    ]
-    if bias is not None:
-        mistakes.append((F.linear(patches, rearrange(weight, "d c p1 p2 -> d (p1 p2 c)")),
-                         "the bias is missing: copy conv.bias into the Linear's bias"))
+    outputs_of = core.unstacked(found["mistakes"])
+    mistakes = [(outputs_of[bug], message) for bug, message in _CONV_MISTAKES.items() if bug in outputs_of]
     _expect(out, expected, "linear(patchify(images)) must equal conv(images) laid out as (batch, patches, d_model)",
             mistakes, atol=1e-4)
 
@@ -205,9 +235,31 @@ def _cls_inputs(gen: torch.Generator, *, batch=(2, 4), positions_off_by: int = 0
                      torch.randn(1, n + 1 + positions_off_by, d, generator=gen))}
 
 
+@core.recorded
+def _cls_outputs(tokens: Tensor, cls: Tensor, positions: Tensor) -> dict[str, Any]:
+    """The right output ("expected"), and the output of each mistake of _CLS_MISTAKES (stacked)."""
+    batch, n = tokens.shape[:2]
+    cls_batch = cls.expand(batch, 1, -1)
+    return core.stacked({"expected": torch.cat([cls_batch, tokens], dim=1) + positions,
+                         "positions_first": torch.cat([cls_batch, tokens + positions[:, :n]], dim=1),
+                         "cls_unplaced": torch.cat([cls_batch, tokens + positions[:, 1:]], dim=1),
+                         "cls_last": torch.cat([tokens, cls_batch], dim=1) + positions,
+                         "no_positions": torch.cat([cls_batch, tokens], dim=1)})
+
+
+_CLS_MISTAKES = {
+    "positions_first": "you added the positions before prepending [CLS]: [CLS] got none and each patch got its left "
+    "neighbour's row. Prepend [CLS] first, then add all 1 + n_patches rows",
+    "cls_unplaced": "[CLS] got no position vector: prepend it first, then add the whole position_embedding, whose row "
+    "0 is [CLS]'s",
+    "cls_last": "[CLS] goes first (position 0), not after the patches",
+    "no_positions": "the position embeddings are missing: add position_embedding to the sequence",
+}
+
+
 def _judge_cls(inputs: dict, outputs: dict) -> None:
     tokens, cls, positions = inputs["args"]
-    batch, n = tokens.shape[:2]
+    batch = tokens.shape[0]
     error = outputs.get("error")
     if error is not None:
         if batch > 1 and "size" in error["message"].lower():
@@ -215,21 +267,9 @@ def _judge_cls(inputs: dict, outputs: dict) -> None:
                  "for the whole batch; expand it over the batch (einops.repeat or .expand(batch, -1, -1)) before "
                  f"concatenating. ({error['message'][:120]})")
         _no_error(outputs)
-    cls_batch = cls.expand(batch, 1, -1)
-    expected = torch.cat([cls_batch, tokens], dim=1) + positions
-    _expect(outputs["out"], expected, "the output must be [CLS] followed by the patches, plus one position vector "
-                                      "per token (row 0 for [CLS])", [
-        (torch.cat([cls_batch, tokens + positions[:, :n]], dim=1),
-         "you added the positions before prepending [CLS]: [CLS] got none and each patch got its left neighbour's "
-         "row. Prepend [CLS] first, then add all 1 + n_patches rows"),
-        (torch.cat([cls_batch, tokens + positions[:, 1:]], dim=1),
-         "[CLS] got no position vector: prepend it first, then add the whole position_embedding, whose row 0 is "
-         "[CLS]'s"),
-        (torch.cat([tokens, cls_batch], dim=1) + positions,
-         "[CLS] goes first (position 0), not after the patches"),
-        (torch.cat([cls_batch, tokens], dim=1),
-         "the position embeddings are missing: add position_embedding to the sequence"),
-    ])
+    found = core.unstacked(_cls_outputs(tokens, cls, positions))
+    _expect(outputs["out"], found["expected"], "the output must be [CLS] followed by the patches, plus one position "
+            "vector per token (row 0 for [CLS])", [(found[bug], message) for bug, message in _CLS_MISTAKES.items()])
 
 
 def _cls_grad_inputs(gen: torch.Generator) -> dict:
@@ -311,8 +351,9 @@ def _torchvision_model(inputs: dict) -> nn.Module:
 
 
 @core.recorded
-def _vit_variants(inputs: dict) -> dict[str, Tensor]:
-    """The reference's logits and those of the known mistakes of the forward pass, from the reference's pieces."""
+def _vit_variants(inputs: dict) -> dict[str, Any]:
+    """The reference's logits and those of the known mistakes of the forward pass, from the reference's pieces
+    (stacked)."""
     model = reference.VisionTransformer(*inputs["init_args"])
     model.load_state_dict(inputs["state"])
     model.eval()
@@ -328,7 +369,7 @@ def _vit_variants(inputs: dict) -> dict[str, Tensor]:
         tokens = model.patch_embedding(model.patchify(images))
         without_positions = torch.cat([model.cls_token.expand(len(images), 1, -1), tokens], dim=1)
         h = encode(embedded)
-        return {
+        return core.stacked({
             "reference": model.head(model.norm(h)[:, 0]),
             "last_token": model.head(model.norm(h)[:, -1]),
             "mean_all": model.head(model.norm(h).mean(1)),
@@ -336,7 +377,7 @@ def _vit_variants(inputs: dict) -> dict[str, Tensor]:
             "no_final_norm": model.head(h[:, 0]),
             "no_positions": model.head(model.norm(encode(without_positions))[:, 0]),
             "no_blocks": model.head(model.norm(embedded)[:, 0]),
-        }
+        })
 
 
 _VIT_MISTAKES = {
@@ -354,7 +395,7 @@ _VIT_MISTAKES = {
 def _judge_vit(inputs: dict, outputs: dict) -> None:
     _no_error(outputs)
     channels = inputs["init_args"][2]
-    variants = _vit_variants(inputs)
+    variants = core.unstacked(_vit_variants(inputs))
     if channels == 3:
         with torch.no_grad():
             expected = _torchvision_model(inputs)(*inputs["args"])
@@ -474,17 +515,11 @@ def _interp_inputs(gen: torch.Generator, *, grow: bool | None = True, dtype=torc
     return {"args": (torch.randn(1, 1 + old * old, d, generator=gen, dtype=dtype), new)}
 
 
-def _judge_interp(inputs: dict, outputs: dict) -> None:
-    positions, new = inputs["args"]
+@core.recorded
+def _interp_mistakes(positions: Tensor, new: int) -> dict[str, Any]:
+    """The table each mistake of _INTERP_MISTAKES gives (stacked)."""
     d = positions.shape[-1]
     old = int(round((positions.shape[1] - 1) ** 0.5))
-    # torchvision's own function, on a throw-away state dict (it edits the dict it is given).
-    patch = 4
-    expected = tv.interpolate_embeddings(new * patch, patch, OrderedDict({"encoder.pos_embedding": positions}))[
-        "encoder.pos_embedding"]
-    out = outputs["out"]
-    if _same(out, expected, 1e-5):
-        return
     cls, grid = positions[:, :1], positions[:, 1:]
     image = rearrange(grid, "1 (h w) d -> 1 d h w", h=old)
 
@@ -495,23 +530,43 @@ def _judge_interp(inputs: dict, outputs: dict) -> None:
         return torch.cat([cls, rearrange(image_, "1 d h w -> 1 (h w) d")], dim=1)
 
     whole = F.interpolate(positions.transpose(1, 2), size=1 + new * new, mode="linear", align_corners=True)
-    scrambled = ("you reshaped between (1, n_patches, d_model) and (1, d_model, h, w) without moving the axes, which "
-                 "scrambles features and positions: move d_model first (rearrange '1 (h w) d_model -> 1 d_model h w') "
-                 "and back the same way")
-    mistakes = [
-        (back(resized("bicubic", True, grid.reshape(1, d, old, old))), scrambled),
-        (torch.cat([cls, resized("bicubic", True, grid.reshape(1, d, old, old)).reshape(1, new * new, d)], dim=1),
-         scrambled),
-        (whole.transpose(1, 2),
-         "you interpolated the table as one 1-D sequence, [CLS] included: the patch positions are a 2-D h×w grid; "
-         "keep row 0 ([CLS]) apart and resize the grid in both directions"),
-        (back(resized("bicubic", False)),
-         "use align_corners=True (torchvision's convention for ViT checkpoints): the grid's corner positions stay "
-         "exactly at the corners"),
-        (back(resized("bilinear", True)), "use mode='bicubic', as torchvision does for ViT checkpoints"),
-        (torch.cat([cls, rearrange(resized("bicubic", True), "1 d h w -> 1 (w h) d")], dim=1),
-         "flatten the resized grid back row by row, (h w), the order patchify numbers the patches"),
-    ]
+    viewed = resized("bicubic", True, grid.reshape(1, d, old, old))
+    return core.stacked({
+        "viewed": back(viewed), "viewed_both_ways": torch.cat([cls, viewed.reshape(1, new * new, d)], dim=1),
+        "one_sequence": whole.transpose(1, 2), "corners": back(resized("bicubic", False)),
+        "bilinear": back(resized("bilinear", True)),
+        "column_major": torch.cat([cls, rearrange(resized("bicubic", True), "1 d h w -> 1 (w h) d")], dim=1)})
+
+
+_SCRAMBLED = ("you reshaped between (1, n_patches, d_model) and (1, d_model, h, w) without moving the axes, which "
+              "scrambles features and positions: move d_model first (rearrange '1 (h w) d_model -> 1 d_model h w') "
+              "and back the same way")
+_INTERP_MISTAKES = {
+    "viewed": _SCRAMBLED,
+    "viewed_both_ways": _SCRAMBLED,
+    "one_sequence": "you interpolated the table as one 1-D sequence, [CLS] included: the patch positions are a 2-D "
+    "h×w grid; keep row 0 ([CLS]) apart and resize the grid in both directions",
+    "corners": "use align_corners=True (torchvision's convention for ViT checkpoints): the grid's corner positions "
+    "stay exactly at the corners",
+    "bilinear": "use mode='bicubic', as torchvision does for ViT checkpoints",
+    "column_major": "flatten the resized grid back row by row, (h w), the order patchify numbers the patches",
+}
+
+
+def _judge_interp(inputs: dict, outputs: dict) -> None:
+    positions, new = inputs["args"]
+    d = positions.shape[-1]
+    old = int(round((positions.shape[1] - 1) ** 0.5))
+    # torchvision's own function, on a throw-away state dict (it edits the dict it is given).
+    patch = 4
+    expected = tv.interpolate_embeddings(new * patch, patch, OrderedDict({"encoder.pos_embedding": positions}))[
+        "encoder.pos_embedding"]
+    found = core.unstacked(_interp_mistakes(positions, new))
+    out = outputs["out"]
+    if _same(out, expected, 1e-5):
+        return
+    cls = positions[:, :1]
+    mistakes = [(found[bug], message) for bug, message in _INTERP_MISTAKES.items()]
     if isinstance(out, Tensor) and tuple(out.shape) == (1, new * new, d):
         fail(f"keep [CLS]'s position (row 0) in front: expected shape (1, {1 + new * new}, {d})")
     if isinstance(out, Tensor) and tuple(out.shape) == tuple(expected.shape) and not torch.allclose(
