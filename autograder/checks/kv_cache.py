@@ -6,7 +6,11 @@ cache must give what one full pass gives (plain PyTorch from the same weights, o
 library's model with them); sampling is compared with the analytic distribution; generation
 with the library's ``generate`` on a toy model whose calls are logged. The cases feed
 prompts in chunks of several tokens: a causal mask that is not offset for the cached prefix
-is invisible when every step feeds one token.
+is invisible when every step feeds one token. What the checks compute themselves (what a cache
+holds, attention over it, the greedy tokens) and every mistake one edit away from an answer are
+computed in ``@core.recorded`` functions of the case inputs, called before the early return: a
+student edition that withholds chapter 6 replays their results and holds no code computing them.
+The sampling distribution (``_filtered``) stays: the top-p cases draw their inputs with it.
 """
 
 from __future__ import annotations
@@ -102,9 +106,18 @@ def _judge_written(returned: Any, expected: Tensor, new: Tensor, held: int, max_
          "in order): each layer keeps its own buffer")
 
 
+@core.recorded
+def _written(chunks: list) -> Tensor:
+    """(layer, keys or values, batch, kv_heads, positions, d_head): every chunk written to each layer, concatenated
+    in order (after chunk i the cache holds the first positions of these)."""
+    return torch.stack([torch.stack([torch.cat([c[layer][j] for c in chunks], dim=-2) for j in (0, 1)])
+                        for layer in range(len(chunks[0]))])
+
+
 def _judge_cache(inputs: dict, outputs: dict) -> None:
     n_layers, batch, kv_heads, max_len, d_head = inputs["init_args"]
     steps, error = outputs["steps"], outputs["error"]
+    written = _written(inputs["chunks"])
     length = 0
     for i, (chunk, step) in enumerate(zip(inputs["chunks"], steps)):
         n = chunk[0][0].shape[-2]
@@ -118,8 +131,7 @@ def _judge_cache(inputs: dict, outputs: dict) -> None:
             if not isinstance(returned, (list, tuple)) or len(returned) != 2:
                 fail("write(layer, k, v) must return a pair (keys, values)")
             for j, what in ((0, "keys"), (1, "values")):
-                expected = torch.cat([c[layer][j] for c in inputs["chunks"][: i + 1]], dim=-2)
-                other = torch.cat([c[layer][1 - j] for c in inputs["chunks"][: i + 1]], dim=-2)
+                expected, other = written[layer][j][:, :, :length], written[layer][1 - j][:, :, :length]
                 if _same(returned[j], other, 0.0) and not _same(returned[j], expected, 0.0):
                     fail("write returns (values, keys): return (keys, values), in that order")
                 _judge_written(returned[j], expected, chunk[layer][j], held, max_len, what)
@@ -135,8 +147,7 @@ def _judge_cache(inputs: dict, outputs: dict) -> None:
             fail(f"after {length} tokens written in chunks, len(cache) is {got}, expected {length}")
         for layer in range(n_layers):
             for j, name in enumerate(("keys", "values")):
-                expected = torch.cat([c[layer][j] for c in inputs["chunks"][: i + 1]], dim=-2)
-                if not _same(step[name][layer], expected, 0.0):
+                if not _same(step[name][layer], written[layer][j][:, :, :length], 0.0):
                     fail(f"after advance, cache.{name}({layer}) must be the {length} {name} written so far "
                          "(a view of the filled part of the buffer)")
     if error is not None:
@@ -252,25 +263,64 @@ def _attention_reference(inputs: dict, *, mask: str = "end", cache: bool = True,
     return torch.cat(outs, dim=1)
 
 
-def _judge_attention(inputs: dict, outputs: dict) -> None:
-    config = inputs["config"]
-    kv_heads = config["n_kv_heads"] or config["n_heads"]
+@core.recorded
+def _attention_outputs(inputs: dict) -> dict[str, Any]:
+    """The layer's output for x in one pass ("expected"), and the outputs of the mistakes of _full_pass_hints (one
+    pass) and _chunked_hints (fed in the inputs' chunks) but those equal to "expected" (never told apart from it),
+    stacked."""
     one_pass = dict(inputs, chunks=[inputs["x"].shape[1]])
     expected = _attention_reference(one_pass)
-    full = outputs["full"]
+    found = {"tiled": _attention_reference(one_pass, tiled=True),
+             "no_mask": _attention_reference(one_pass, mask="none"),
+             "top_left": _attention_reference(inputs, mask="top_left"),
+             "top_left_if_several": _attention_reference(inputs, mask="top_left_if_several"),
+             "none": _attention_reference(inputs, mask="none"),
+             "no_cache": _attention_reference(inputs, cache=False)}
+    return core.stacked({"expected": expected, **{bug: out for bug, out in found.items()
+                                                  if not torch.equal(out, expected)}})
+
+
+def _full_pass_hints(config: dict) -> dict[str, str]:
+    kv_heads = config["n_kv_heads"] or config["n_heads"]
+    grouped = f"query head h uses K/V head h // {config['n_heads'] // kv_heads}"
+    return {
+        "tiled": f"with {config['n_heads']} query heads and {kv_heads} K/V heads, {grouped}: consecutive query heads "
+        "share a K/V head (repeat_kv_heads of chapter 2, or repeat_interleave); k.repeat(1, group, 1, 1) tiles "
+        "them instead, which is not how GQA checkpoints are laid out",
+        "no_mask": "without a cache this is causal self-attention: token i must not see tokens after it (causal mask)",
+    }
+
+
+def _chunked_hints(chunks: list[int]) -> dict[str, str]:
+    return {
+        "top_left": f"fed in chunks {chunks}, the new queries see too few keys: your causal mask is aligned to the "
+        "top-left corner (as F.scaled_dot_product_attention(is_causal=True) is when seq_q < seq_k). The new tokens are "
+        "the LAST seq_q positions of the seq_k keys: use the end-aligned causal_mask(seq_q, seq_k) of chapter 1 "
+        "(or attention(..., is_causal=True))",
+        "top_left_if_several": f"fed in chunks {chunks}, a chunk of several new tokens after a cached prefix sees too "
+        "few keys: the mask is aligned to the top-left, not offset by the cached prefix (F.scaled_dot_product_attention"
+        "(is_causal=q.shape[-2] > 1) does this when seq_q < seq_k; one-token steps hide it, since they need no mask). "
+        "The new tokens are the LAST seq_q of the seq_k keys: use the end-aligned causal_mask(seq_q, seq_k) of "
+        "chapter 1 (or attention(..., is_causal=True))",
+        "none": f"fed in chunks {chunks}, a new token sees the new tokens after it: one-token steps need no mask, "
+        "but a chunk of several new tokens does, aligned to the end: causal_mask(seq_q, seq_k)",
+        "no_cache": "with a cache, the new queries must attend to the cached keys too: use the keys and values that "
+        "cache.write(layer, k, v) returns (held + new), not only the new ones",
+    }
+
+
+def _first_mistake(actual: Any, found: dict[str, Tensor], hints: dict[str, str]) -> None:
+    """Fail with the hint of the first mistake of ``hints`` (in order) whose output ``actual`` is."""
+    for bug, hint in hints.items():
+        if bug in found and _same(actual, found[bug]):
+            fail(hint)
+
+
+def _judge_attention(inputs: dict, outputs: dict) -> None:
+    found = core.unstacked(_attention_outputs(inputs))
+    expected, full = found["expected"], outputs["full"]
     if not _same(full, expected):
-        grouped = f"query head h uses K/V head h // {config['n_heads'] // kv_heads}"
-        mistakes = [
-            (_attention_reference(one_pass, tiled=True),
-             f"with {config['n_heads']} query heads and {kv_heads} K/V heads, {grouped}: consecutive query heads "
-             "share a K/V head (repeat_kv_heads of chapter 2, or repeat_interleave); k.repeat(1, group, 1, 1) tiles "
-             "them instead, which is not how GQA checkpoints are laid out"),
-            (_attention_reference(one_pass, mask="none"),
-             "without a cache this is causal self-attention: token i must not see tokens after it (causal mask)"),
-        ]
-        for candidate, hint in mistakes:
-            if _same(full, candidate):
-                fail(hint)
+        _first_mistake(full, found, _full_pass_hints(inputs["config"]))
         expect_close(full, expected, "without a cache the output must be causal self-attention over x: "
                      "q_proj, kv_proj (K then V, each (kv_heads d_head)), attention per head, out_proj")
     chunked = outputs["chunked"]
@@ -283,28 +333,7 @@ def _judge_attention(inputs: dict, outputs: dict) -> None:
     if _same(got, expected):
         return
     chunks = inputs["chunks"]
-    mistakes = [
-        (_attention_reference(inputs, mask="top_left"),
-         f"fed in chunks {chunks}, the new queries see too few keys: your causal mask is aligned to the top-left "
-         "corner (as F.scaled_dot_product_attention(is_causal=True) is when seq_q < seq_k). The new tokens are the "
-         "LAST seq_q positions of the seq_k keys: use the end-aligned causal_mask(seq_q, seq_k) of chapter 1 "
-         "(or attention(..., is_causal=True))"),
-        (_attention_reference(inputs, mask="top_left_if_several"),
-         f"fed in chunks {chunks}, a chunk of several new tokens after a cached prefix sees too few keys: the mask is "
-         "aligned to the top-left, not offset by the cached prefix (F.scaled_dot_product_attention(is_causal="
-         "q.shape[-2] > 1) does this when seq_q < seq_k; one-token steps hide it, since they need no mask). The new "
-         "tokens are the LAST seq_q of the seq_k keys: use the end-aligned causal_mask(seq_q, seq_k) of chapter 1 "
-         "(or attention(..., is_causal=True))"),
-        (_attention_reference(inputs, mask="none"),
-         f"fed in chunks {chunks}, a new token sees the new tokens after it: one-token steps need no mask, but a "
-         "chunk of several new tokens does, aligned to the end: causal_mask(seq_q, seq_k)"),
-        (_attention_reference(inputs, cache=False),
-         "with a cache, the new queries must attend to the cached keys too: use the keys and values that "
-         "cache.write(layer, k, v) returns (held + new), not only the new ones"),
-    ]
-    for candidate, hint in mistakes:
-        if _same(got, candidate):
-            fail(hint)
+    _first_mistake(got, found, _chunked_hints(chunks))
     expect_close(got, expected, f"fed in chunks {chunks} through the cache, the outputs must equal one full pass: "
                  "write the new k, v to the cache and attend the new queries over everything it returns")
 
@@ -364,9 +393,9 @@ def _gpt_inputs(kind: str, style: str = "prompt", past: bool = True):
 
 @core.recorded
 @torch.no_grad()
-def _gpt_reference(inputs: dict, *, positions: str = "advance") -> tuple[Tensor, list[Tensor]]:
-    """The library model's logits in one pass, and per chunk fed through a cache; ``positions="zero"``: every
-    chunk placed at positions 0… (the positions-not-advanced mistake)."""
+def _gpt_reference(inputs: dict) -> dict[str, Any]:
+    """The library model's logits in one pass ("full"), and fed in the inputs' chunks through a cache with every
+    chunk placed at positions 0… ("zero_positions": the positions-not-advanced mistake), stacked."""
     model = ref.GPT(ref.GPTConfig(**inputs["config"]))
     model.load_state_dict(inputs["state"])
     model.eval()
@@ -375,17 +404,13 @@ def _gpt_reference(inputs: dict, *, positions: str = "advance") -> tuple[Tensor,
     cache = model.new_cache(idx.shape[0])
     parts, start = [], 0
     for size in inputs["chunks"]:
-        chunk = idx[:, start : start + size]
-        if positions == "advance":
-            parts.append(model(chunk, cache))
-        else:
-            x = model.position(model.token_embedding(chunk), start_pos=0)
-            for layer, block in enumerate(model.blocks):
-                x = block(x, cache, layer)
-            cache.advance(size)
-            parts.append(model.lm_head(model.norm(x)))
+        x = model.position(model.token_embedding(idx[:, start : start + size]), start_pos=0)
+        for layer, block in enumerate(model.blocks):
+            x = block(x, cache, layer)
+        cache.advance(size)
+        parts.append(model.lm_head(model.norm(x)))
         start += size
-    return full, parts
+    return core.stacked({"full": full, "zero_positions": torch.cat(parts, dim=1)})
 
 
 def _judge_gpt_cache_use(chunks: list, outputs: dict, n_layers: int) -> int:
@@ -424,8 +449,8 @@ def _judge_gpt_cache_use(chunks: list, outputs: dict, n_layers: int) -> int:
 
 
 def _judge_gpt(inputs: dict, outputs: dict) -> None:
-    full_expected, _ = _gpt_reference(inputs)
-    _, zero = _gpt_reference(inputs, positions="zero")
+    logits = core.unstacked(_gpt_reference(inputs))
+    full_expected = logits["full"]
     if not _same(outputs["full"], full_expected, 1e-4):
         expect_close(outputs["full"], full_expected,
                      "without a cache, forward(idx) must give the logits of the whole model: token embedding plus "
@@ -443,7 +468,7 @@ def _judge_gpt(inputs: dict, outputs: dict) -> None:
             fail(f"fed {size} new tokens, forward must return logits (batch, {size}, vocab); got {tuple(c.shape)}")
     got = torch.cat(list(chunked), dim=1)
     if not _same(got, full_expected, 1e-4):
-        if _same(got, torch.cat(zero, dim=1), 1e-4):
+        if _same(got, logits["zero_positions"], 1e-4):
             fail(f"fed in chunks {chunks}, every chunk is placed at positions 0, 1, … again: the new tokens sit at "
                  "positions len(cache), len(cache)+1, …; pass start_pos=len(cache) to the position embedding "
                  "(positions not advanced: generation diverges from the second new token on)")
@@ -729,6 +754,12 @@ def _explain_sample(freq: Tensor, probs: Tensor, distinct: Tensor, kwargs: dict,
          "and renormalised")
 
 
+@core.recorded
+def _greedy_tokens(logits: Tensor) -> Tensor:
+    """Temperature 0's tokens: the argmax of each row, (batch, 1)."""
+    return logits.argmax(dim=-1, keepdim=True)
+
+
 def _judge_sample(inputs: dict, outputs: dict) -> None:
     (logits,), kwargs = inputs["args"], inputs["kwargs"]
     first, second = outputs["first"], outputs["second"]
@@ -741,8 +772,7 @@ def _judge_sample(inputs: dict, outputs: dict) -> None:
     _check_sample_form(first, second, logits.shape[0], logits.shape[-1])
     distinct, repeats = inputs["distinct"], inputs["repeats"]
     if temperature == 0:
-        expected = logits.argmax(dim=-1, keepdim=True)
-        if not torch.equal(first, expected):
+        if not torch.equal(first, _greedy_tokens(logits)):
             fail("temperature 0 means greedy: return the argmax of each row (never divide by 0)")
         return
     tokens = first.view(distinct.shape[0], repeats)
