@@ -22,30 +22,21 @@ import torch
 from torch import Tensor
 
 from autograder.checks import core
-from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
+from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail, rand_int, same
 from autograder.checks.probes import _ToyLM
 ref = core.reference("solutions.gpt")  # in a student edition: replayed from a recording
 
 
-def _int(gen: torch.Generator, low: int, high: int) -> int:
-    """An int in [low, high], drawn from ``gen``."""
-    return int(torch.randint(low, high + 1, (), generator=gen))
-
-
 def _pick(gen: torch.Generator, choices: tuple) -> Any:
-    return choices[_int(gen, 0, len(choices) - 1)]
-
-
-def _same(actual: Any, expected: Tensor, atol: float = 1e-5) -> bool:
-    return (isinstance(actual, Tensor) and tuple(actual.shape) == tuple(expected.shape)
-            and actual.is_floating_point() == expected.is_floating_point()
-            and torch.allclose(actual.to(expected.dtype), expected, atol=atol, rtol=1e-4))
+    return choices[rand_int(gen, 0, len(choices) - 1)]
 
 
 def _error_text(error: dict) -> str:
     return f"{error.get('type')}: {error.get('message')}"
 
 
+# Not core.expect_value_error: these hints say what must raise ("top_k=0 must raise ValueError, ..."), where core's
+# describe the situation; a learner's verdicts keep their wording.
 def _expect_value_error(error: dict | None, what: str, name: str) -> None:
     """``error`` (from a probe) must be a ValueError whose message contains ``name``."""
     if error is None:
@@ -63,12 +54,13 @@ def _cache_inputs(sizes: str, *, overflow: bool = False, dtype: torch.dtype = to
     """``sizes``: "prompt" (a prompt of 2-5 tokens, then one token per step) or "chunks" (chunks of 1-4 tokens)."""
 
     def inputs(gen: torch.Generator) -> dict:
-        n_layers, batch, kv_heads, d_head = _int(gen, 2, 3), _int(gen, 1, 2), _int(gen, 1, 3), _int(gen, 2, 5)
+        n_layers, batch = rand_int(gen, 2, 3), rand_int(gen, 1, 2)
+        kv_heads, d_head = rand_int(gen, 1, 3), rand_int(gen, 2, 5)
         if sizes == "prompt":
-            chunk_sizes = [_int(gen, 2, 5)] + [1] * _int(gen, 2, 4)
+            chunk_sizes = [rand_int(gen, 2, 5)] + [1] * rand_int(gen, 2, 4)
         else:
-            chunk_sizes = [_int(gen, 2, 4)] + [_int(gen, 1, 4) for _ in range(_int(gen, 2, 4))]
-        max_len = sum(chunk_sizes) + _int(gen, 1, 4)
+            chunk_sizes = [rand_int(gen, 2, 4)] + [rand_int(gen, 1, 4) for _ in range(rand_int(gen, 2, 4))]
+        max_len = sum(chunk_sizes) + rand_int(gen, 1, 4)
 
         def kv(n: int) -> tuple[Tensor, Tensor]:
             return tuple(torch.randn(batch, kv_heads, n, d_head, generator=gen, dtype=dtype) for _ in range(2))
@@ -76,7 +68,7 @@ def _cache_inputs(sizes: str, *, overflow: bool = False, dtype: torch.dtype = to
         data = {"init_args": (n_layers, batch, kv_heads, max_len, d_head),
                 "chunks": [[kv(n) for _ in range(n_layers)] for n in chunk_sizes]}
         if overflow:
-            data["overflow"] = kv(max_len - sum(chunk_sizes) + _int(gen, 1, 3))
+            data["overflow"] = kv(max_len - sum(chunk_sizes) + rand_int(gen, 1, 3))
         return data
 
     return inputs
@@ -84,13 +76,13 @@ def _cache_inputs(sizes: str, *, overflow: bool = False, dtype: torch.dtype = to
 
 def _judge_written(returned: Any, expected: Tensor, new: Tensor, held: int, max_len: int, what: str) -> None:
     """``returned`` (keys or values from ``write``) must be the held ones followed by ``new``."""
-    if _same(returned, expected, 0.0):
+    if same(returned, expected, 0.0, dtype="kind"):
         return
     if isinstance(returned, Tensor) and returned.dim() == 4 and returned.shape[-2] == max_len != expected.shape[-2]:
         fail(f"write returns the whole preallocated buffer ({max_len} positions) although only "
              f"{expected.shape[-2]} are filled: attention would also look at the empty (zero) rows. "
              "Return only the filled part, [:, :, :length + new]")
-    if held and _same(returned, new, 0.0):
+    if held and same(returned, new, 0.0, dtype="kind"):
         fail(f"write returns only the new {what}: it must return the held ones followed by the new ones, "
              "so that the new queries attend to the whole prefix")
     first = slice(0, new.shape[-2])
@@ -132,7 +124,7 @@ def _judge_cache(inputs: dict, outputs: dict) -> None:
                 fail("write(layer, k, v) must return a pair (keys, values)")
             for j, what in ((0, "keys"), (1, "values")):
                 expected, other = written[layer][j][:, :, :length], written[layer][1 - j][:, :, :length]
-                if _same(returned[j], other, 0.0) and not _same(returned[j], expected, 0.0):
+                if same(returned[j], other, 0.0, dtype="kind") and not same(returned[j], expected, 0.0, dtype="kind"):
                     fail("write returns (values, keys): return (keys, values), in that order")
                 _judge_written(returned[j], expected, chunk[layer][j], held, max_len, what)
         if "length" not in step:
@@ -147,7 +139,7 @@ def _judge_cache(inputs: dict, outputs: dict) -> None:
             fail(f"after {length} tokens written in chunks, len(cache) is {got}, expected {length}")
         for layer in range(n_layers):
             for j, name in enumerate(("keys", "values")):
-                if not _same(step[name][layer], written[layer][j][:, :, :length], 0.0):
+                if not same(step[name][layer], written[layer][j][:, :, :length], 0.0, dtype="kind"):
                     fail(f"after advance, cache.{name}({layer}) must be the {length} {name} written so far "
                          "(a view of the filled part of the buffer)")
     if error is not None:
@@ -174,8 +166,8 @@ def _layer_config(gen: torch.Generator, kind: str) -> dict:
         n_heads, n_kv_heads = _pick(gen, (2, 3, 4)), 1
     else:
         n_heads, n_kv_heads = _pick(gen, (1, 2, 3, 4)), None
-    d_head = _int(gen, 2, 5)
-    return dict(vocab=_int(gen, 5, 20), max_len=_int(gen, 12, 20), d_model=n_heads * d_head, n_heads=n_heads,
+    d_head = rand_int(gen, 2, 5)
+    return dict(vocab=rand_int(gen, 5, 20), max_len=rand_int(gen, 12, 20), d_model=n_heads * d_head, n_heads=n_heads,
                 n_layers=1, n_kv_heads=n_kv_heads)
 
 
@@ -183,11 +175,11 @@ def _chunk_sizes(gen: torch.Generator, total: int, style: str) -> list[int]:
     """Chunks adding up to ``total``: "prompt" = a prompt of several tokens, one-token steps, then a chunk;
     "random" = chunks of 1-4 tokens, the first and another of at least 2."""
     if style == "prompt":
-        first, last = _int(gen, 2, total - 4), _int(gen, 2, 3)
+        first, last = rand_int(gen, 2, total - 4), rand_int(gen, 2, 3)
         return [first] + [1] * (total - first - last) + [last]
     sizes, left = [], total
     while left:
-        size = min(left, _int(gen, 1, 4))
+        size = min(left, rand_int(gen, 1, 4))
         sizes.append(size)
         left -= size
     if max(sizes[1:], default=0) < 2 and total >= 4:
@@ -201,7 +193,7 @@ def _attention_inputs(kind: str, style: str = "prompt", dtype: torch.dtype = tor
         d_model, n_heads = config["d_model"], config["n_heads"]
         kv_heads = config["n_kv_heads"] or n_heads
         d_head = d_model // n_heads
-        seq, batch = _int(gen, 8, config["max_len"]), _int(gen, 1, 2)
+        seq, batch = rand_int(gen, 8, config["max_len"]), rand_int(gen, 1, 2)
 
         def linear(rows: int) -> tuple[Tensor, Tensor]:
             return (torch.randn(rows, d_model, generator=gen) / math.sqrt(d_model) * 1.5,
@@ -312,14 +304,14 @@ def _chunked_hints(chunks: list[int]) -> dict[str, str]:
 def _first_mistake(actual: Any, found: dict[str, Tensor], hints: dict[str, str]) -> None:
     """Fail with the hint of the first mistake of ``hints`` (in order) whose output ``actual`` is."""
     for bug, hint in hints.items():
-        if bug in found and _same(actual, found[bug]):
+        if bug in found and same(actual, found[bug], dtype="kind"):
             fail(hint)
 
 
 def _judge_attention(inputs: dict, outputs: dict) -> None:
     found = core.unstacked(_attention_outputs(inputs))
     expected, full = found["expected"], outputs["full"]
-    if not _same(full, expected):
+    if not same(full, expected, dtype="kind"):
         _first_mistake(full, found, _full_pass_hints(inputs["config"]))
         expect_close(full, expected, "without a cache the output must be causal self-attention over x: "
                      "q_proj, kv_proj (K then V, each (kv_heads d_head)), attention per head, out_proj")
@@ -330,7 +322,7 @@ def _judge_attention(inputs: dict, outputs: dict) -> None:
         if c.dim() != 3 or c.shape[1] != size:
             fail(f"fed {size} new tokens, forward must return (batch, {size}, d_model); got {tuple(c.shape)}")
     got = torch.cat(list(chunked), dim=1)
-    if _same(got, expected):
+    if same(got, expected, dtype="kind"):
         return
     chunks = inputs["chunks"]
     _first_mistake(got, found, _chunked_hints(chunks))
@@ -366,7 +358,7 @@ def _ref_generate(model: tuple, idx: Tensor, max_new_tokens: int, kwargs: dict, 
 def _gpt_inputs(kind: str, style: str = "prompt", past: bool = True):
     def inputs(gen: torch.Generator) -> dict:
         layer = _layer_config(gen, kind)
-        config = dict(layer, n_layers=2, max_len=_int(gen, 12, 18))  # two layers: advancing per layer shows
+        config = dict(layer, n_layers=2, max_len=rand_int(gen, 12, 18))  # two layers: advancing per layer shows
         parameters, layout = _gpt_layout(config)
         values = {}
         for name, shape in parameters:
@@ -376,14 +368,14 @@ def _gpt_inputs(kind: str, style: str = "prompt", past: bool = True):
                 values[name] = 1 + torch.randn(shape, generator=gen) * 0.1
             else:
                 values[name] = torch.randn(shape, generator=gen) / math.sqrt(shape[-1]) * 1.5
-        seq, batch = _int(gen, 8, config["max_len"] - 2), _int(gen, 1, 2)
+        seq, batch = rand_int(gen, 8, config["max_len"] - 2), rand_int(gen, 1, 2)
         kv_heads, d_head = config["n_kv_heads"] or config["n_heads"], config["d_model"] // config["n_heads"]
         data = {"config": config, "state": {key: values[name] if name else buffer for key, name, buffer in layout},
                 "idx": torch.randint(0, config["vocab"], (batch, seq), generator=gen),
                 "chunks": _chunk_sizes(gen, seq, style),
                 "cache": (config["n_layers"], batch, kv_heads, config["max_len"], d_head)}
         if past:
-            data["past"] = torch.randint(0, config["vocab"], (batch, config["max_len"] - seq + _int(gen, 1, 2)),
+            data["past"] = torch.randint(0, config["vocab"], (batch, config["max_len"] - seq + rand_int(gen, 1, 2)),
                                          generator=gen)
         data["other_batch"] = torch.randint(0, config["vocab"], (batch + 1, 2), generator=gen)
         return data
@@ -451,7 +443,7 @@ def _judge_gpt_cache_use(chunks: list, outputs: dict, n_layers: int) -> int:
 def _judge_gpt(inputs: dict, outputs: dict) -> None:
     logits = core.unstacked(_gpt_reference(inputs))
     full_expected = logits["full"]
-    if not _same(outputs["full"], full_expected, 1e-4):
+    if not same(outputs["full"], full_expected, 1e-4, dtype="kind"):
         expect_close(outputs["full"], full_expected,
                      "without a cache, forward(idx) must give the logits of the whole model: token embedding plus "
                      "the positions 0…seq-1, every block, the final norm, lm_head (if CausalSelfAttention fails its "
@@ -467,8 +459,8 @@ def _judge_gpt(inputs: dict, outputs: dict) -> None:
         if c.dim() != 3 or c.shape[1] != size:
             fail(f"fed {size} new tokens, forward must return logits (batch, {size}, vocab); got {tuple(c.shape)}")
     got = torch.cat(list(chunked), dim=1)
-    if not _same(got, full_expected, 1e-4):
-        if _same(got, logits["zero_positions"], 1e-4):
+    if not same(got, full_expected, 1e-4, dtype="kind"):
+        if same(got, logits["zero_positions"], 1e-4, dtype="kind"):
             fail(f"fed in chunks {chunks}, every chunk is placed at positions 0, 1, … again: the new tokens sit at "
                  "positions len(cache), len(cache)+1, …; pass start_pos=len(cache) to the position embedding "
                  "(positions not advanced: generation diverges from the second new token on)")
@@ -517,10 +509,10 @@ def _bytes_random_inputs(dtypes: tuple[str, ...] | None, batch: bool = True):
     """Random sizes; ``dtypes=None`` and ``batch=False`` leave those arguments to their defaults."""
 
     def inputs(gen: torch.Generator) -> dict:
-        args = (_int(gen, 2, 12), _int(gen, 2, 8), _pick(gen, (16, 32, 64, 80, 128)), _int(gen, 2, 500))
+        args = (rand_int(gen, 2, 12), rand_int(gen, 2, 8), _pick(gen, (16, 32, 64, 80, 128)), rand_int(gen, 2, 500))
         kwargs = {} if dtypes is None else {"dtype": _pick(gen, dtypes)}
         if batch:
-            kwargs["batch"] = _int(gen, 2, 6)
+            kwargs["batch"] = rand_int(gen, 2, 6)
         return {"args": args, "kwargs": kwargs}
 
     return inputs
@@ -590,13 +582,13 @@ def _sample_inputs(kind: str, *, temperature: tuple = (1.0,), top_k: bool = Fals
     largest logit is tied with the next one)."""
 
     def inputs(gen: torch.Generator) -> dict:
-        vocab = _int(gen, 6, 10)
-        seed = _int(gen, 0, 10_000)
+        vocab = rand_int(gen, 6, 10)
+        seed = rand_int(gen, 0, 10_000)
         if kind == "greedy":
-            rows = torch.randn(_int(gen, 3, 8), vocab, generator=gen) * 2
+            rows = torch.randn(rand_int(gen, 3, 8), vocab, generator=gen) * 2
             return {"args": (rows,), "kwargs": {"temperature": 0.0}, "seed": seed, "distinct": rows, "repeats": 1}
         if kind == "ties":
-            k = _int(gen, 2, 3)
+            k = rand_int(gen, 2, 3)
             values = torch.sort(torch.randn(vocab, generator=gen), descending=True).values
             values[k] = values[k - 1]  # the k-th and (k+1)-th largest logits are equal
             rows = values[torch.randperm(vocab, generator=gen)][None]
@@ -604,8 +596,8 @@ def _sample_inputs(kind: str, *, temperature: tuple = (1.0,), top_k: bool = Fals
         else:
             kwargs = {"temperature": float(_pick(gen, temperature))}
             if top_k:
-                kwargs["top_k"] = _int(gen, 3, vocab - 2)
-            rows = torch.randn(2 if top_p else _int(gen, 2, 3), vocab, generator=gen) * 1.5
+                kwargs["top_k"] = rand_int(gen, 3, vocab - 2)
+            rows = torch.randn(2 if top_p else rand_int(gen, 2, 3), vocab, generator=gen) * 1.5
             if top_p:
                 rows, kwargs["top_p"] = _top_p_rows(gen, rows, kwargs)
         return {"args": (rows.repeat_interleave(_REPEATS, dim=0),), "kwargs": kwargs, "seed": seed,
@@ -796,7 +788,7 @@ def _judge_sample_bad(inputs: dict, outputs: dict) -> None:
 
 
 def _toy_model(gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-    vocab, d, max_len = _int(gen, 7, 13), 6, _int(gen, 20, 32)
+    vocab, d, max_len = rand_int(gen, 7, 13), 6, rand_int(gen, 20, 32)
     return (torch.randn(vocab, d, generator=gen, dtype=torch.float64),
             torch.randn(max_len, d, generator=gen, dtype=torch.float64),
             torch.randn(d, vocab, generator=gen, dtype=torch.float64) * 2)
@@ -814,22 +806,22 @@ def _generate_inputs(kind: str, *, training: bool = False):
         def prompt(batch: int, seq: int) -> Tensor:
             return torch.randint(0, vocab, (batch, seq), generator=gen)
 
-        batch, seq = _int(gen, 1, 3), _int(gen, 2, 6)
-        new = _int(gen, 6, max_len - seq)
+        batch, seq = rand_int(gen, 1, 3), rand_int(gen, 2, 6)
+        new = rand_int(gen, 6, max_len - seq)
         if kind == "greedy":
             p = prompt(batch, seq)
             runs = [{"idx": p, "max_new_tokens": new, "kwargs": {"use_cache": c, "temperature": 0.0}}
                     for c in (True, False)]
         elif kind == "two_prompts":
-            runs = [{"idx": prompt(batch, s), "max_new_tokens": _int(gen, 4, max_len - 8),
-                     "kwargs": {"use_cache": True, "temperature": 0.0}} for s in (seq, _int(gen, 2, 8))]
+            runs = [{"idx": prompt(batch, s), "max_new_tokens": rand_int(gen, 4, max_len - 8),
+                     "kwargs": {"use_cache": True, "temperature": 0.0}} for s in (seq, rand_int(gen, 2, 8))]
         elif kind == "limit":
             p = prompt(batch, seq)
-            runs = [{"idx": p, "max_new_tokens": max_len - seq + _int(gen, 1, 3),
+            runs = [{"idx": p, "max_new_tokens": max_len - seq + rand_int(gen, 1, 3),
                      "kwargs": {"use_cache": c, "temperature": 0.0}} for c in (True, False)]
             runs.append({"idx": p, "max_new_tokens": max_len - seq, "kwargs": {"use_cache": True, "temperature": 0.0}})
         elif kind == "sample":
-            p, seed, top_k = prompt(batch, seq), _int(gen, 0, 10_000), _int(gen, 2, vocab - 1)
+            p, seed, top_k = prompt(batch, seq), rand_int(gen, 0, 10_000), rand_int(gen, 2, vocab - 1)
             runs = [{"idx": p, "max_new_tokens": new, "seed": seed,
                      "kwargs": {"use_cache": c, "temperature": 1.5, "top_k": top_k}} for c in (True, False)]
         else:  # "zero"

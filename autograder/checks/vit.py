@@ -23,41 +23,9 @@ from torch import Tensor, nn
 from torchvision.models import vision_transformer as tv
 
 from autograder.checks import core
-from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
+from autograder.checks.core import (Case, Check, CheckFailed, expect, expect_close, expect_value_error, fail, rand_int,
+                                    same)
 reference = core.reference("solutions.vit")  # in a student edition: replayed from a recording
-
-
-def _int(gen: torch.Generator, low: int, high: int) -> int:
-    """A random int in [low, high] drawn from ``gen``."""
-    return int(torch.randint(low, high + 1, (1,), generator=gen))
-
-
-def _same(actual: Any, candidate: Tensor, atol: float = 1e-5) -> bool:
-    return (
-        isinstance(actual, Tensor)
-        and tuple(actual.shape) == tuple(candidate.shape)
-        and actual.dtype == candidate.dtype
-        and torch.allclose(actual, candidate, atol=atol, rtol=1e-4, equal_nan=True)
-    )
-
-
-def _expect(actual: Any, expected: Tensor, hint: str, mistakes: list[tuple[Tensor, str]] = (), atol: float = 1e-5) -> None:
-    """Like expect_close, but first names a known mistake whose output ``actual`` reproduces."""
-    if not _same(actual, expected, atol):
-        for wrong, message in mistakes:
-            if _same(actual, wrong, atol):
-                fail(message)
-    expect_close(actual, expected, hint, atol=atol)
-
-
-def _expect_value_error(outputs: dict, argument: str, what: str) -> None:
-    error = outputs["error"]
-    if error is None:
-        fail(f"{what}, but your code returned a result: raise ValueError naming {argument} instead of going on")
-    if error["type"] != "ValueError":
-        fail(f"{what}: raise a ValueError (you raised {error['type']}: {error['message']})")
-    if argument not in error["message"]:
-        fail(f"{what}: your ValueError should name {argument} and say what to change; it said {error['message']!r}")
 
 
 def _no_error(outputs: dict) -> None:
@@ -79,12 +47,12 @@ def _blocks(images: Tensor, p: int) -> Tensor:
 
 def _patch_inputs(gen: torch.Generator, *, channels=(2, 3), grid=(2, 4), patch=(2, 4), square=False,
                   dtype=torch.float32, batch=(1, 3)) -> dict:
-    c, p = _int(gen, *channels), _int(gen, *patch)
-    h = _int(gen, *grid)
-    w = h if square else _int(gen, *grid)
+    c, p = rand_int(gen, *channels), rand_int(gen, *patch)
+    h = rand_int(gen, *grid)
+    w = h if square else rand_int(gen, *grid)
     if not square and w == h and grid[1] > grid[0]:  # keep row-major and column-major apart
         w = grid[0] if h != grid[0] else grid[1]
-    images = torch.randn(_int(gen, *batch), c, h * p, w * p, generator=gen, dtype=dtype)
+    images = torch.randn(rand_int(gen, *batch), c, h * p, w * p, generator=gen, dtype=dtype)
     return {"args": (images, p)}
 
 
@@ -125,10 +93,10 @@ def _judge_patchify(inputs: dict, outputs: dict) -> None:
     h, w = height // p, width // p
     expected, mistakes = _blocks(images, p), core.unstacked(_patchify_mistakes(images, p))
     out = outputs["out"]
-    if _same(out, expected):
+    if same(out, expected):
         return
     for bug, message in _patchify_hints(c).items():
-        if _same(out, mistakes[bug]):
+        if same(out, mistakes[bug]):
             fail(message)
     if isinstance(out, Tensor) and tuple(out.shape) == tuple(expected.shape):
         bad = (out.to(expected.dtype) - expected).abs().flatten(2).amax(-1).amax(0) > 1e-5
@@ -142,9 +110,9 @@ def _judge_patchify(inputs: dict, outputs: dict) -> None:
 
 
 def _indivisible_inputs(gen: torch.Generator, *, only_height: bool = False) -> dict:
-    p = _int(gen, 3, 4)
-    height = p * _int(gen, 2, 3) + _int(gen, 1, p - 1)
-    width = p * _int(gen, 2, 3) + (0 if only_height else _int(gen, 1, p - 1))
+    p = rand_int(gen, 3, 4)
+    height = p * rand_int(gen, 2, 3) + rand_int(gen, 1, p - 1)
+    width = p * rand_int(gen, 2, 3) + (0 if only_height else rand_int(gen, 1, p - 1))
     return {"args": (torch.randn(1, 2, height, width, generator=gen), p)}
 
 
@@ -155,17 +123,17 @@ def _judge_indivisible(inputs: dict, outputs: dict) -> None:
     if outputs["error"] is None:
         fail(f"{what}, but your code returned patches (cropping the image, or a wrong reshape): silently dropping "
              "pixels hides a bug; raise ValueError naming patch_size and the sizes that divide the image")
-    _expect_value_error(outputs, "patch_size", what)
+    expect_value_error(outputs["error"], "patch_size", what, word=False)
 
 
 # --- patch_embedding_from_conv -----------------------------------------------------------------------
 
 
 def _conv_inputs(gen: torch.Generator, *, bias: bool = True, dtype=torch.float32, channels=(2, 3), stride=None) -> dict:
-    c, p = _int(gen, *channels), _int(gen, 2, 3)
-    d_model = _int(gen, 3, 8)
-    h, w = _int(gen, 1, 3), _int(gen, 1, 3)
-    images = torch.randn(_int(gen, 1, 2), c, h * p, w * p, generator=gen, dtype=dtype)
+    c, p = rand_int(gen, *channels), rand_int(gen, 2, 3)
+    d_model = rand_int(gen, 3, 8)
+    h, w = rand_int(gen, 1, 3), rand_int(gen, 1, 3)
+    images = torch.randn(rand_int(gen, 1, 2), c, h * p, w * p, generator=gen, dtype=dtype)
     weight = 0.5 * torch.randn(d_model, c, p, p, generator=gen, dtype=dtype)
     conv = {"kernel_size": p, "stride": p if stride is None else stride}
     return {"weight": weight, "bias": 0.5 * torch.randn(d_model, generator=gen, dtype=dtype) if bias else None,
@@ -205,32 +173,32 @@ def _judge_conv(inputs: dict, outputs: dict) -> None:
     expected = rearrange(conv_out, "batch d_model h w -> batch (h w) d_model")
     found = _conv_weights(weight, bias, patches)
     out = outputs["out"]
-    if _same(out, expected, 1e-4):
+    if same(out, expected, 1e-4):
         return
     if isinstance(out, Tensor) and out.dtype != expected.dtype:
         fail(f"the conv is {expected.dtype}; your Linear gives {out.dtype}: create it with the conv's dtype and device")
     if bias is None and outputs["bias"] is not None and torch.any(outputs["bias"] != 0):
         fail("this conv has no bias, but your Linear adds one (a random initial bias): use bias=conv.bias is not None")
-    if bias is not None and _same(outputs["weight"], found["weight"], 1e-6) and not _same(outputs["bias"], bias, 1e-6):
+    if bias is not None and same(outputs["weight"], found["weight"], 1e-6) and not same(outputs["bias"], bias, 1e-6):
         fail("the weight is right but the bias is not the conv's: copy conv.bias into the Linear's bias (a new "
              "nn.Linear starts with a random one)")
     outputs_of = core.unstacked(found["mistakes"])
     mistakes = [(outputs_of[bug], message) for bug, message in _CONV_MISTAKES.items() if bug in outputs_of]
-    _expect(out, expected, "linear(patchify(images)) must equal conv(images) laid out as (batch, patches, d_model)",
-            mistakes, atol=1e-4)
+    expect(out, expected, "linear(patchify(images)) must equal conv(images) laid out as (batch, patches, d_model)",
+           mistakes, atol=1e-4)
 
 
 def _judge_conv_not_patches(inputs: dict, outputs: dict) -> None:
     p, stride = inputs["conv"]["kernel_size"], inputs["conv"]["stride"]
-    _expect_value_error(outputs, "stride", f"a Conv2d with kernel_size={p} and stride={stride} overlaps its "
-                                           "patches, so no Linear on patchify's patches equals it")
+    expect_value_error(outputs["error"], "stride", f"a Conv2d with kernel_size={p} and stride={stride} overlaps its "
+                                                   "patches, so no Linear on patchify's patches equals it", word=False)
 
 
 # --- add_cls_and_positions ----------------------------------------------------------------------------
 
 
 def _cls_inputs(gen: torch.Generator, *, batch=(2, 4), positions_off_by: int = 0) -> dict:
-    b, n, d = _int(gen, *batch), _int(gen, 2, 9), _int(gen, 2, 8)
+    b, n, d = rand_int(gen, *batch), rand_int(gen, 2, 9), rand_int(gen, 2, 8)
     return {"args": (torch.randn(b, n, d, generator=gen), torch.randn(1, 1, d, generator=gen),
                      torch.randn(1, n + 1 + positions_off_by, d, generator=gen))}
 
@@ -268,7 +236,7 @@ def _judge_cls(inputs: dict, outputs: dict) -> None:
                  f"concatenating. ({error['message'][:120]})")
         _no_error(outputs)
     found = core.unstacked(_cls_outputs(tokens, cls, positions))
-    _expect(outputs["out"], found["expected"], "the output must be [CLS] followed by the patches, plus one position "
+    expect(outputs["out"], found["expected"], "the output must be [CLS] followed by the patches, plus one position "
             "vector per token (row 0 for [CLS])", [(found[bug], message) for bug, message in _CLS_MISTAKES.items()])
 
 
@@ -296,9 +264,10 @@ def _judge_cls_grad(inputs: dict, outputs: dict) -> None:
 
 def _judge_cls_wrong_positions(inputs: dict, outputs: dict) -> None:
     tokens, _, positions = inputs["args"]
-    _expect_value_error(outputs, "position_embedding",
-                        f"{tokens.shape[1]} patches need 1 + {tokens.shape[1]} position vectors, and "
-                        f"position_embedding has {positions.shape[1]} (a model trained at another image size)")
+    expect_value_error(outputs["error"], "position_embedding",
+                       f"{tokens.shape[1]} patches need 1 + {tokens.shape[1]} position vectors, and "
+                       f"position_embedding has {positions.shape[1]} (a model trained at another image size)",
+                       word=False)
 
 
 # --- VisionTransformer ------------------------------------------------------------------------------
@@ -311,17 +280,17 @@ def _vit_state_shapes(config: tuple) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def _vit_inputs(gen: torch.Generator, *, channels: int = 3, batch=(2, 3), layers=(1, 2), wrong_size: bool = False) -> dict:
-    p, grid = _int(gen, 2, 3), _int(gen, 2, 3)
-    n_heads = [1, 2, 4][_int(gen, 0, 2)]
-    d_model = n_heads * _int(gen, 2, 4)
-    config = (grid * p, p, channels, _int(gen, 3, 6), d_model, _int(gen, *layers), n_heads, 2 * d_model)
+    p, grid = rand_int(gen, 2, 3), rand_int(gen, 2, 3)
+    n_heads = [1, 2, 4][rand_int(gen, 0, 2)]
+    d_model = n_heads * rand_int(gen, 2, 4)
+    config = (grid * p, p, channels, rand_int(gen, 3, 6), d_model, rand_int(gen, *layers), n_heads, 2 * d_model)
     state = {}
     for name, shape in _vit_state_shapes(config):
         noise = torch.randn(shape, generator=gen)
         # LayerNorm scales near 1, everything else random: [CLS], positions and the head are not zero.
         state[name] = 1.0 + 0.2 * noise if "norm" in name and name.endswith("weight") else 0.3 * noise
     size = grid * p + (1 if wrong_size else 0)
-    images = torch.randn(_int(gen, *batch), channels, size, size, generator=gen)
+    images = torch.randn(rand_int(gen, *batch), channels, size, size, generator=gen)
     return {"init_args": config, "state": state, "args": (images,)}
 
 
@@ -402,9 +371,9 @@ def _judge_vit(inputs: dict, outputs: dict) -> None:
     else:
         expected = variants["reference"]
     out = outputs["out"]
-    if not _same(out, expected, 1e-4):
+    if not same(out, expected, 1e-4):
         for bug, message in _VIT_MISTAKES.items():
-            if _same(out, variants[bug], 1e-4):
+            if same(out, variants[bug], 1e-4):
                 fail(message)
     expect_close(out, expected, "the logits differ from torchvision's VisionTransformer with the same weights: "
                                 "embed, every block, the final norm, then the head on the [CLS] token", atol=1e-4)
@@ -413,8 +382,9 @@ def _judge_vit(inputs: dict, outputs: dict) -> None:
 def _judge_vit_wrong_size(inputs: dict, outputs: dict) -> None:
     size = inputs["init_args"][0]
     (images,) = inputs["args"]
-    _expect_value_error(outputs, "images", f"a model built for {size}×{size} images was given "
-                                           f"{images.shape[-2]}×{images.shape[-1]} images (call self._check_images)")
+    expect_value_error(outputs["error"], "images", f"a model built for {size}×{size} images was given "
+                                                   f"{images.shape[-2]}×{images.shape[-1]} images (call "
+                                                   "self._check_images)", word=False)
 
 
 # --- vit_parameter_count ------------------------------------------------------------------------------
@@ -433,11 +403,11 @@ def _count_inputs(gen: torch.Generator, *, kind: str) -> dict:
     if kind == "b16":
         return {"args": _NAMED_SIZES[0]}
     if kind == "named":
-        return {"args": _NAMED_SIZES[_int(gen, 1, len(_NAMED_SIZES) - 1)]}
-    p, grid, n_heads = _int(gen, 2, 8), _int(gen, 2, 7), _int(gen, 1, 4)
-    channels = _int(gen, 1, 4) if kind == "channels" else 3
-    return {"args": (p * grid, p, channels, _int(gen, 2, 20), n_heads * _int(gen, 2, 16), _int(gen, 1, 4), n_heads,
-                     _int(gen, 4, 64))}
+        return {"args": _NAMED_SIZES[rand_int(gen, 1, len(_NAMED_SIZES) - 1)]}
+    p, grid, n_heads = rand_int(gen, 2, 8), rand_int(gen, 2, 7), rand_int(gen, 1, 4)
+    channels = rand_int(gen, 1, 4) if kind == "channels" else 3
+    return {"args": (p * grid, p, channels, rand_int(gen, 2, 20), n_heads * rand_int(gen, 2, 16), rand_int(gen, 1, 4),
+                     n_heads, rand_int(gen, 4, 64))}
 
 
 @core.recorded
@@ -486,9 +456,9 @@ def _judge_count(inputs: dict, outputs: dict) -> None:
 
 def _count_bad_inputs(gen: torch.Generator, *, what: str) -> dict:
     if what == "patch_size":
-        p = _int(gen, 3, 7)
-        return {"args": (p * _int(gen, 2, 5) + 1, p, 3, 10, 64, 2, 4, 128)}
-    n_heads = _int(gen, 5, 7)
+        p = rand_int(gen, 3, 7)
+        return {"args": (p * rand_int(gen, 2, 5) + 1, p, 3, 10, 64, 2, 4, 128)}
+    n_heads = rand_int(gen, 5, 7)
     return {"args": (32, 8, 3, 10, n_heads * 8 + 2, 2, n_heads, 128)}
 
 
@@ -496,22 +466,22 @@ def _judge_count_bad(inputs: dict, outputs: dict, *, argument: str) -> None:
     image_size, p, *_, d_model, _, n_heads, _ = inputs["args"]
     what = (f"image_size={image_size} is not divisible by patch_size={p}" if argument == "patch_size"
             else f"d_model={d_model} is not divisible by n_heads={n_heads}")
-    _expect_value_error(outputs, argument, what)
+    expect_value_error(outputs["error"], argument, what, word=False)
 
 
 # --- interpolate_position_embeddings -------------------------------------------------------------------
 
 
 def _interp_inputs(gen: torch.Generator, *, grow: bool | None = True, dtype=torch.float32) -> dict:
-    old = _int(gen, 2, 4)
+    old = rand_int(gen, 2, 4)
     if grow is None:
         new = old
     elif grow:
-        new = old + _int(gen, 1, 3)
+        new = old + rand_int(gen, 1, 3)
     else:
         old += 2
-        new = _int(gen, 2, old - 1)
-    d = _int(gen, 2, 6)
+        new = rand_int(gen, 2, old - 1)
+    d = rand_int(gen, 2, 6)
     return {"args": (torch.randn(1, 1 + old * old, d, generator=gen, dtype=dtype), new)}
 
 
@@ -563,7 +533,7 @@ def _judge_interp(inputs: dict, outputs: dict) -> None:
         "encoder.pos_embedding"]
     found = core.unstacked(_interp_mistakes(positions, new))
     out = outputs["out"]
-    if _same(out, expected, 1e-5):
+    if same(out, expected, 1e-5):
         return
     cls = positions[:, :1]
     mistakes = [(found[bug], message) for bug, message in _INTERP_MISTAKES.items()]
@@ -572,19 +542,19 @@ def _judge_interp(inputs: dict, outputs: dict) -> None:
     if isinstance(out, Tensor) and tuple(out.shape) == tuple(expected.shape) and not torch.allclose(
             out[:, :1].to(cls.dtype), cls):
         fail("row 0 belongs to [CLS], which has no place on the grid: keep it unchanged and resize only the patch rows")
-    _expect(out, expected, f"resize the {old}×{old} grid of patch positions to {new}×{new} (bicubic, corners "
-                           "aligned) and keep [CLS]'s row in front", mistakes)
+    expect(out, expected, f"resize the {old}×{old} grid of patch positions to {new}×{new} (bicubic, corners "
+                          "aligned) and keep [CLS]'s row in front", mistakes)
 
 
 def _interp_bad_inputs(gen: torch.Generator) -> dict:
-    side = _int(gen, 2, 4)
-    return {"args": (torch.randn(1, 1 + side * side + _int(gen, 1, side), 4, generator=gen), side + 1)}
+    side = rand_int(gen, 2, 4)
+    return {"args": (torch.randn(1, 1 + side * side + rand_int(gen, 1, side), 4, generator=gen), side + 1)}
 
 
 def _judge_interp_bad(inputs: dict, outputs: dict) -> None:
     positions = inputs["args"][0]
-    _expect_value_error(outputs, "position_embedding",
-                        f"{positions.shape[1] - 1} patch positions do not make a square grid")
+    expect_value_error(outputs["error"], "position_embedding",
+                       f"{positions.shape[1] - 1} patch positions do not make a square grid", word=False)
 
 
 CHECKS: dict[str, Check] = {
