@@ -257,7 +257,9 @@ def test_student_edition_recordings_are_data_and_the_checks_hold_no_reference_co
     folder = edition / "autograder" / "checks" / "recorded"
     files = sorted(folder.iterdir())
     assert [p.stem for p in files] == sorted(c.checks.rsplit(".", 1)[1] for c in registry.CHAPTERS)
-    assert sum(p.stat().st_size for p in files) < 256 * 1024
+    # Every visible case of six chapters, with the known mistakes a judge names: about 255 KiB. A bound that
+    # catches a recording gone wrong (a model's weights, a tensor per seed) while leaving room for a chapter.
+    assert sum(p.stat().st_size for p in files) < 512 * 1024
     for path in files:
         assert all(not n.endswith(".py") for n in zipfile.ZipFile(path).namelist())
         table = torch.load(path, weights_only=True)  # refuses anything that is not plain data

@@ -146,6 +146,8 @@ def _causal_bad(*sizes: tuple[tuple[int, ...], str]):
     return _bad_calls(*((f"causal_mask{args}".replace(",)", ")"), args, {}, argument) for args, argument in sizes))
 
 
+# Not core.expect_value_error: these hints name the call that should have raised ("causal_mask(0, 3) must raise
+# ValueError naming seq_q, ..."), where core's describe the situation; a learner's verdicts keep their wording.
 def _expect_value_error(call: str, argument: str, error: dict[str, str] | None) -> None:
     """``call`` must have raised a ValueError whose message names ``argument`` (as a word)."""
     if error is None:

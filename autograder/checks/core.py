@@ -28,6 +28,7 @@ import hashlib
 import importlib
 import inspect
 import math
+import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,51 @@ def expect_close(actual: Any, expected: torch.Tensor, hint: str, *, atol: float 
     if not torch.allclose(actual.to(expected.dtype), expected, atol=atol, rtol=rtol, equal_nan=True):
         diff = (actual.to(expected.dtype) - expected).abs().nan_to_num(math.inf).max().item()
         fail(f"{hint} (largest difference {diff:.3g})")
+
+
+def rand_int(gen: torch.Generator, low: int, high: int) -> int:
+    """A random int in [low, high], drawn from ``gen``."""
+    return int(torch.randint(low, high + 1, (), generator=gen))
+
+
+# How same() takes dtypes: "equal": the same dtype, and NaN matches NaN; "cast": any dtype, compared in the expected
+# one's; "kind": as "cast", if both are floating point or neither is.
+_SAME_DTYPES = ("equal", "cast", "kind")
+
+
+def same(actual: Any, expected: torch.Tensor, atol: float = 1e-5, *, dtype: str = "equal") -> bool:
+    """Whether ``actual`` is a tensor of ``expected``'s shape and values (rtol 1e-4), its dtype as ``dtype`` says."""
+    if dtype not in _SAME_DTYPES:
+        raise ValueError(f"dtype must be one of {_SAME_DTYPES}; got {dtype!r}")
+    if not isinstance(actual, torch.Tensor) or tuple(actual.shape) != tuple(expected.shape):
+        return False
+    if dtype == "equal":
+        return actual.dtype == expected.dtype and torch.allclose(actual, expected, atol=atol, rtol=1e-4,
+                                                                 equal_nan=True)
+    if dtype == "kind" and actual.is_floating_point() != expected.is_floating_point():
+        return False
+    return torch.allclose(actual.to(expected.dtype), expected, atol=atol, rtol=1e-4)
+
+
+def expect(actual: Any, expected: torch.Tensor, hint: str, mistakes: Iterable[tuple[torch.Tensor, str]] = (),
+           atol: float = 1e-5) -> None:
+    """Like :func:`expect_close`, but first fails with the message of a known mistake whose output ``actual`` is."""
+    if not same(actual, expected, atol):
+        for wrong, message in mistakes:
+            if same(actual, wrong, atol):
+                fail(message)
+    expect_close(actual, expected, hint, atol=atol)
+
+
+def expect_value_error(error: dict[str, str] | None, argument: str, what: str, *, word: bool = True) -> None:
+    """Fail unless ``error`` (a probe's) is a ValueError naming ``argument`` (as a whole word, or anywhere)."""
+    if error is None:
+        fail(f"{what}, but your code returned a result: raise ValueError naming {argument} instead of going on")
+    if error["type"] != "ValueError":
+        fail(f"{what}: raise a ValueError (you raised {error['type']}: {error['message']})")
+    named = re.search(rf"\b{re.escape(argument)}\b", error["message"]) if word else argument in error["message"]
+    if not named:
+        fail(f"{what}: your ValueError should name {argument} and say what to change; it said {error['message']!r}")
 
 
 # --- the reference, or its recording in a student edition ------------------------
@@ -254,6 +300,16 @@ def recorded(fn: Callable) -> Callable:
 
     call.recorded = True
     return call
+
+
+def stacked(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """Same-shaped tensors as their names and one stacked tensor, so that a recording holds one tensor per call."""
+    return {"names": list(tensors), "values": torch.stack([t.to(dtype or t.dtype) for t in tensors.values()])}
+
+
+def unstacked(table: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensors of :func:`stacked` by name."""
+    return dict(zip(table["names"], table["values"]))
 
 
 def recording(checks: Iterable[str], answers: Callable[[str], Any]) -> dict[str, dict[str, Any]]:

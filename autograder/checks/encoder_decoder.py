@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from autograder.checks import core
-from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
+from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail, rand_int, same
 from autograder.checks.lookup import LookupModel
 
 # in a student edition: replayed from a recording (see core.recorded)
@@ -31,19 +31,8 @@ transformer = core.reference("solutions.transformer")
 NEVER = -1.0e4  # the logit of a token a model never predicts (BOS, padding)
 
 
-def _int(gen: torch.Generator, low: int, high: int) -> int:
-    """A random int in [low, high] drawn from ``gen``."""
-    return int(torch.randint(low, high + 1, (1,), generator=gen))
-
-
-def _same(actual: Any, expected: Tensor, atol: float = 1e-5) -> bool:
-    return (
-        isinstance(actual, Tensor)
-        and tuple(actual.shape) == tuple(expected.shape)
-        and torch.allclose(actual.to(expected.dtype), expected, atol=atol, rtol=1e-4)
-    )
-
-
+# Not core.expect_value_error: any one of several names will do (or none, where the exercise's text asks for no
+# name), and its hints are worded for that; a learner's verdicts keep their wording.
 def _expect_value_error(error: dict | None, arguments: tuple[str, ...], what: str) -> None:
     """``what`` must be refused with a ValueError naming one of ``arguments`` (any ValueError when there are none:
     the exercise's text does not ask for a name)."""
@@ -72,13 +61,13 @@ def _tf_inputs(gen: torch.Generator, *, default_ids: bool = True, empty_row: boo
                no_padding: bool = False) -> dict:
     bos, eos, pad = _special_ids(gen, default_ids)
     allowed = torch.tensor([i for i in range(40) if i not in (bos, eos, pad)])
-    batch, width = _int(gen, 3, 5), _int(gen, 3, 7)
+    batch, width = rand_int(gen, 3, 5), rand_int(gen, 3, 7)
     lengths = torch.randint(1, width + 1, (batch,), generator=gen)
     lengths[0] = width  # a full row: its EOS needs the extra column
     if no_padding:
         lengths[:] = width
     else:
-        lengths[1] = _int(gen, 1, width - 1)  # a padded row: its EOS goes right after its last token
+        lengths[1] = rand_int(gen, 1, width - 1)  # a padded row: its EOS goes right after its last token
     if empty_row:
         lengths[-1] = 0
     tokens = allowed[torch.randint(len(allowed), (batch, width), generator=gen)]
@@ -203,18 +192,18 @@ def _random_state(shapes: list[tuple[str, tuple[int, ...]]], gen: torch.Generato
 
 def _decoder_inputs(gen: torch.Generator, *, norm_first: bool = False, activation: str = "relu",
                     seq_q: int | None = None, seq_k: int | None = None, padding: bool = True) -> dict:
-    n_heads = [2, 4][_int(gen, 0, 1)]
-    d_model, d_ff = n_heads * _int(gen, 2, 4), _int(gen, 8, 24)
+    n_heads = [2, 4][rand_int(gen, 0, 1)]
+    d_model, d_ff = n_heads * rand_int(gen, 2, 4), rand_int(gen, 8, 24)
     init_kwargs = {"norm_first": norm_first, "activation": activation}
     state = _random_state(_decoder_state_shapes((d_model, n_heads, d_ff), init_kwargs), gen)
-    batch = _int(gen, 2, 3)
-    seq_q = seq_q or _int(gen, 3, 6)
-    seq_k = seq_k or seq_q + _int(gen, 1, 3)  # different lengths: queries from memory would not even fit
+    batch = rand_int(gen, 2, 3)
+    seq_q = seq_q or rand_int(gen, 3, 6)
+    seq_k = seq_k or seq_q + rand_int(gen, 1, 3)  # different lengths: queries from memory would not even fit
     x, memory = torch.randn(batch, seq_q, d_model, generator=gen), torch.randn(batch, seq_k, d_model, generator=gen)
     mask = None
     if padding:
         lengths = torch.randint(1, seq_k + 1, (batch,), generator=gen)
-        lengths[0] = _int(gen, 1, seq_k - 1) if seq_k > 1 else 1  # at least one padded source
+        lengths[0] = rand_int(gen, 1, seq_k - 1) if seq_k > 1 else 1  # at least one padded source
         mask = (torch.arange(seq_k)[None, :] < lengths[:, None])[:, None, None, :]
     return {"init_args": (d_model, n_heads, d_ff), "init_kwargs": init_kwargs, "state": state,
             "args": (x, memory, mask)}
@@ -322,9 +311,9 @@ def _decoder_mistakes(inputs: dict, x: Tensor, memory: Tensor, mask: Tensor | No
 def _expect_decoder(inputs: dict, out: Any, x: Tensor, memory: Tensor, mask: Tensor | None, what: str) -> None:
     expected = _torch_decoder(inputs, x, memory, mask)
     mistakes = _decoder_mistakes(inputs, x, memory, mask)
-    if not _same(out, expected, 1e-4):
+    if not same(out, expected, 1e-4, dtype="cast"):
         for bug, message in _DECODER_MISTAKES.items():
-            if bug in mistakes and _same(out, mistakes[bug], 1e-4):
+            if bug in mistakes and same(out, mistakes[bug], 1e-4, dtype="cast"):
                 fail(message)
     expect_close(out, expected, what, atol=1e-4)
 
@@ -345,7 +334,7 @@ def _judge_decoder(inputs: dict, outputs: dict) -> None:
 def _future_inputs(gen: torch.Generator) -> dict:
     inputs = _decoder_inputs(gen)
     x, memory, mask = inputs["args"]
-    t = _int(gen, 1, x.shape[1] - 1)
+    t = rand_int(gen, 1, x.shape[1] - 1)
     changed = x.clone()
     changed[:, t:] = torch.randn(changed[:, t:].shape, generator=gen)
     inputs["calls"] = [(x, memory, mask), (changed, memory, mask)]
@@ -368,7 +357,7 @@ def _judge_future(inputs: dict, outputs: dict) -> None:
 def _padding_inputs(gen: torch.Generator, **kwargs: Any) -> dict:
     inputs = _decoder_inputs(gen, **kwargs)
     x, memory, mask = inputs["args"]
-    extra = _int(gen, 1, 4)
+    extra = rand_int(gen, 1, 4)
     more_memory = torch.cat([memory, torch.randn(memory.shape[0], extra, memory.shape[2], generator=gen)], dim=1)
     more_mask = torch.cat([mask, torch.zeros(*mask.shape[:-1], extra, dtype=torch.bool)], dim=-1)
     inputs["calls"] = [(x, memory, mask), (x, more_memory, more_mask)]
@@ -387,8 +376,8 @@ def _judge_padding(inputs: dict, outputs: dict) -> None:
 
 
 def _steps_inputs(gen: torch.Generator) -> dict:
-    inputs = _decoder_inputs(gen, norm_first=bool(_int(gen, 0, 1)))
-    inputs["layer"] = _int(gen, 1, 5)
+    inputs = _decoder_inputs(gen, norm_first=bool(rand_int(gen, 0, 1)))
+    inputs["layer"] = rand_int(gen, 1, 5)
     return inputs
 
 
@@ -450,7 +439,8 @@ def _noam_inputs(gen: torch.Generator, *, paper: bool = False) -> dict:
     if paper:
         d_model, warmup, factor = 512, 4000, 1.0
     else:
-        d_model, warmup, factor = 8 * _int(gen, 4, 64), _int(gen, 20, 2000), [2.0, 0.5, 1.5][_int(gen, 0, 2)]
+        d_model, warmup = 8 * rand_int(gen, 4, 64), rand_int(gen, 20, 2000)
+        factor = [2.0, 0.5, 1.5][rand_int(gen, 0, 2)]
     steps = [0, 1, 2, warmup // 2, warmup - 1, warmup, warmup + 1, 2 * warmup, 10 * warmup]
     return {"calls": [((step, d_model, warmup), {"factor": factor}) for step in steps]}
 
@@ -493,7 +483,7 @@ def _noam_bad_inputs(gen: torch.Generator, *, other: bool = False) -> dict:
     """One call per ValueError rule: a step that is not a non-negative int, then what the given _check_noam_args
     refuses (``other``: other values)."""
     rules = [
-        ("step is negative", (-_int(gen, 1, 5), 512, 4000), {}, "step"),
+        ("step is negative", (-rand_int(gen, 1, 5), 512, 4000), {}, "step"),
         ("step is not an int", (7.0 if other else 2.5, 512, 4000), {}, "step"),
         ("d_model is not a positive int", (10, -8 if other else 0, 4000), {}, "d_model"),
         ("warmup is not a positive int", (10, 512, -1 if other else 0), {}, "warmup"),
@@ -518,9 +508,9 @@ def _judge_noam_bad(inputs: dict, outputs: dict) -> None:
 
 def _scheduler_inputs(gen: torch.Generator, lrs: tuple[float, ...] = (1.0,),
                       initial_lrs: tuple[float, ...] | None = None) -> dict:
-    d_model, warmup = 8 * _int(gen, 2, 32), _int(gen, 3, 12)
+    d_model, warmup = 8 * rand_int(gen, 2, 32), rand_int(gen, 3, 12)
     return {"lrs": list(lrs), "initial_lrs": list(initial_lrs) if initial_lrs else None, "args": (d_model, warmup),
-            "kwargs": {"factor": [1.0, 2.0][_int(gen, 0, 1)]}, "steps": 3 * warmup}
+            "kwargs": {"factor": [1.0, 2.0][rand_int(gen, 0, 1)]}, "steps": 3 * warmup}
 
 
 def _base_lrs(inputs: dict) -> list[float]:
@@ -576,7 +566,7 @@ def _judge_scheduler_refuses(inputs: dict, outputs: dict) -> None:
 
 
 def _scheduler_bad_d_model_inputs(gen: torch.Generator) -> dict:
-    return {"lrs": [1.0], "args": (0, _int(gen, 3, 12)), "kwargs": {}, "steps": 2}
+    return {"lrs": [1.0], "args": (0, rand_int(gen, 3, 12)), "kwargs": {}, "steps": 2}
 
 
 def _judge_scheduler_bad_d_model(inputs: dict, outputs: dict) -> None:
@@ -588,17 +578,17 @@ def _judge_scheduler_bad_d_model(inputs: dict, outputs: dict) -> None:
 
 def _ls_inputs(gen: torch.Generator, *, epsilon: float | None = None, ignore: bool = True, scale: float = 2.0,
                flat: bool = False) -> dict:
-    vocab = _int(gen, 5, 12)
-    shape = (_int(gen, 4, 12),) if flat else (_int(gen, 2, 4), _int(gen, 3, 6))
+    vocab = rand_int(gen, 5, 12)
+    shape = (rand_int(gen, 4, 12),) if flat else (rand_int(gen, 2, 4), rand_int(gen, 3, 6))
     logits = torch.randn(*shape, vocab, generator=gen) * scale
     target = torch.randint(0, vocab, shape, generator=gen)
     pad = None
     if ignore:
-        pad = _int(gen, 0, vocab - 1)
+        pad = rand_int(gen, 0, vocab - 1)
         target = torch.where(torch.rand(shape, generator=gen) < 0.3, pad, target)
         target.view(-1)[0] = pad  # at least one ignored position
         target.view(-1)[-1] = (pad + 1) % vocab  # and at least one kept
-    epsilon = [0.1, 0.2, 0.3][_int(gen, 0, 2)] if epsilon is None else epsilon
+    epsilon = [0.1, 0.2, 0.3][rand_int(gen, 0, 2)] if epsilon is None else epsilon
     return {"args": (logits, target), "kwargs": {"epsilon": epsilon, "ignore_index": pad}}
 
 
@@ -756,7 +746,7 @@ def _lookup_inputs(gen: torch.Generator, *, default_ids: bool = True, stops: tup
                    max_len: int = 5, rows: int = 5, history: float = 0.5, train: bool = False) -> dict:
     """A random LookupModel, and sources that pick its tables. ``stops[i]``: table i ends after exactly that
     many tokens (None: never ends); without ``stops`` EOS becomes likelier step by step."""
-    vocab = _int(gen, 7, 9)
+    vocab = rand_int(gen, 7, 9)
     if default_ids:
         bos, eos, pad = 1, 2, 0
     else:
@@ -776,7 +766,7 @@ def _lookup_inputs(gen: torch.Generator, *, default_ids: bool = True, stops: tup
     first[..., pad] = NEVER
     tables = torch.randint(0, n_tables, (rows,), generator=gen)
     tables[:n_tables] = torch.randperm(n_tables, generator=gen)[: min(rows, n_tables)]
-    src = torch.cat([tables[:, None], torch.randint(0, vocab, (rows, _int(gen, 2, 5)), generator=gen)], dim=1)
+    src = torch.cat([tables[:, None], torch.randint(0, vocab, (rows, rand_int(gen, 2, 5)), generator=gen)], dim=1)
     return {"model": {"first": first, "second": second, "noise": noise, "pad_id": pad},
             "args": (src, max_len, bos, eos), "kwargs": {}, "train": train}
 
@@ -1103,7 +1093,7 @@ def _trap_inputs(gen: torch.Generator) -> dict:
 
 
 def _beam_exhaustive_inputs(gen: torch.Generator) -> dict:
-    alpha = [0.0, 0.6, 1.0][_int(gen, 0, 2)]
+    alpha = [0.0, 0.6, 1.0][rand_int(gen, 0, 2)]
     inputs = _lookup_inputs(gen, max_len=3, rows=3, history=1.0)
     src, max_len, bos, eos = inputs["args"]
     words = inputs["model"]["first"].shape[-1] - 2  # BOS and padding are never predicted

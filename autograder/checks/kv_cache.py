@@ -6,7 +6,11 @@ cache must give what one full pass gives (plain PyTorch from the same weights, o
 library's model with them); sampling is compared with the analytic distribution; generation
 with the library's ``generate`` on a toy model whose calls are logged. The cases feed
 prompts in chunks of several tokens: a causal mask that is not offset for the cached prefix
-is invisible when every step feeds one token.
+is invisible when every step feeds one token. What the checks compute themselves (what a cache
+holds, attention over it, the greedy tokens) and every mistake one edit away from an answer are
+computed in ``@core.recorded`` functions of the case inputs, called before the early return: a
+student edition that withholds chapter 6 replays their results and holds no code computing them.
+The sampling distribution (``_filtered``) stays: the top-p cases draw their inputs with it.
 """
 
 from __future__ import annotations
@@ -18,30 +22,21 @@ import torch
 from torch import Tensor
 
 from autograder.checks import core
-from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
+from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail, rand_int, same
 from autograder.checks.probes import _ToyLM
 ref = core.reference("solutions.gpt")  # in a student edition: replayed from a recording
 
 
-def _int(gen: torch.Generator, low: int, high: int) -> int:
-    """An int in [low, high], drawn from ``gen``."""
-    return int(torch.randint(low, high + 1, (), generator=gen))
-
-
 def _pick(gen: torch.Generator, choices: tuple) -> Any:
-    return choices[_int(gen, 0, len(choices) - 1)]
-
-
-def _same(actual: Any, expected: Tensor, atol: float = 1e-5) -> bool:
-    return (isinstance(actual, Tensor) and tuple(actual.shape) == tuple(expected.shape)
-            and actual.is_floating_point() == expected.is_floating_point()
-            and torch.allclose(actual.to(expected.dtype), expected, atol=atol, rtol=1e-4))
+    return choices[rand_int(gen, 0, len(choices) - 1)]
 
 
 def _error_text(error: dict) -> str:
     return f"{error.get('type')}: {error.get('message')}"
 
 
+# Not core.expect_value_error: these hints say what must raise ("top_k=0 must raise ValueError, ..."), where core's
+# describe the situation; a learner's verdicts keep their wording.
 def _expect_value_error(error: dict | None, what: str, name: str) -> None:
     """``error`` (from a probe) must be a ValueError whose message contains ``name``."""
     if error is None:
@@ -59,12 +54,13 @@ def _cache_inputs(sizes: str, *, overflow: bool = False, dtype: torch.dtype = to
     """``sizes``: "prompt" (a prompt of 2-5 tokens, then one token per step) or "chunks" (chunks of 1-4 tokens)."""
 
     def inputs(gen: torch.Generator) -> dict:
-        n_layers, batch, kv_heads, d_head = _int(gen, 2, 3), _int(gen, 1, 2), _int(gen, 1, 3), _int(gen, 2, 5)
+        n_layers, batch = rand_int(gen, 2, 3), rand_int(gen, 1, 2)
+        kv_heads, d_head = rand_int(gen, 1, 3), rand_int(gen, 2, 5)
         if sizes == "prompt":
-            chunk_sizes = [_int(gen, 2, 5)] + [1] * _int(gen, 2, 4)
+            chunk_sizes = [rand_int(gen, 2, 5)] + [1] * rand_int(gen, 2, 4)
         else:
-            chunk_sizes = [_int(gen, 2, 4)] + [_int(gen, 1, 4) for _ in range(_int(gen, 2, 4))]
-        max_len = sum(chunk_sizes) + _int(gen, 1, 4)
+            chunk_sizes = [rand_int(gen, 2, 4)] + [rand_int(gen, 1, 4) for _ in range(rand_int(gen, 2, 4))]
+        max_len = sum(chunk_sizes) + rand_int(gen, 1, 4)
 
         def kv(n: int) -> tuple[Tensor, Tensor]:
             return tuple(torch.randn(batch, kv_heads, n, d_head, generator=gen, dtype=dtype) for _ in range(2))
@@ -72,7 +68,7 @@ def _cache_inputs(sizes: str, *, overflow: bool = False, dtype: torch.dtype = to
         data = {"init_args": (n_layers, batch, kv_heads, max_len, d_head),
                 "chunks": [[kv(n) for _ in range(n_layers)] for n in chunk_sizes]}
         if overflow:
-            data["overflow"] = kv(max_len - sum(chunk_sizes) + _int(gen, 1, 3))
+            data["overflow"] = kv(max_len - sum(chunk_sizes) + rand_int(gen, 1, 3))
         return data
 
     return inputs
@@ -80,13 +76,13 @@ def _cache_inputs(sizes: str, *, overflow: bool = False, dtype: torch.dtype = to
 
 def _judge_written(returned: Any, expected: Tensor, new: Tensor, held: int, max_len: int, what: str) -> None:
     """``returned`` (keys or values from ``write``) must be the held ones followed by ``new``."""
-    if _same(returned, expected, 0.0):
+    if same(returned, expected, 0.0, dtype="kind"):
         return
     if isinstance(returned, Tensor) and returned.dim() == 4 and returned.shape[-2] == max_len != expected.shape[-2]:
         fail(f"write returns the whole preallocated buffer ({max_len} positions) although only "
              f"{expected.shape[-2]} are filled: attention would also look at the empty (zero) rows. "
              "Return only the filled part, [:, :, :length + new]")
-    if held and _same(returned, new, 0.0):
+    if held and same(returned, new, 0.0, dtype="kind"):
         fail(f"write returns only the new {what}: it must return the held ones followed by the new ones, "
              "so that the new queries attend to the whole prefix")
     first = slice(0, new.shape[-2])
@@ -102,9 +98,18 @@ def _judge_written(returned: Any, expected: Tensor, new: Tensor, held: int, max_
          "in order): each layer keeps its own buffer")
 
 
+@core.recorded
+def _written(chunks: list) -> Tensor:
+    """(layer, keys or values, batch, kv_heads, positions, d_head): every chunk written to each layer, concatenated
+    in order (after chunk i the cache holds the first positions of these)."""
+    return torch.stack([torch.stack([torch.cat([c[layer][j] for c in chunks], dim=-2) for j in (0, 1)])
+                        for layer in range(len(chunks[0]))])
+
+
 def _judge_cache(inputs: dict, outputs: dict) -> None:
     n_layers, batch, kv_heads, max_len, d_head = inputs["init_args"]
     steps, error = outputs["steps"], outputs["error"]
+    written = _written(inputs["chunks"])
     length = 0
     for i, (chunk, step) in enumerate(zip(inputs["chunks"], steps)):
         n = chunk[0][0].shape[-2]
@@ -118,9 +123,8 @@ def _judge_cache(inputs: dict, outputs: dict) -> None:
             if not isinstance(returned, (list, tuple)) or len(returned) != 2:
                 fail("write(layer, k, v) must return a pair (keys, values)")
             for j, what in ((0, "keys"), (1, "values")):
-                expected = torch.cat([c[layer][j] for c in inputs["chunks"][: i + 1]], dim=-2)
-                other = torch.cat([c[layer][1 - j] for c in inputs["chunks"][: i + 1]], dim=-2)
-                if _same(returned[j], other, 0.0) and not _same(returned[j], expected, 0.0):
+                expected, other = written[layer][j][:, :, :length], written[layer][1 - j][:, :, :length]
+                if same(returned[j], other, 0.0, dtype="kind") and not same(returned[j], expected, 0.0, dtype="kind"):
                     fail("write returns (values, keys): return (keys, values), in that order")
                 _judge_written(returned[j], expected, chunk[layer][j], held, max_len, what)
         if "length" not in step:
@@ -135,8 +139,7 @@ def _judge_cache(inputs: dict, outputs: dict) -> None:
             fail(f"after {length} tokens written in chunks, len(cache) is {got}, expected {length}")
         for layer in range(n_layers):
             for j, name in enumerate(("keys", "values")):
-                expected = torch.cat([c[layer][j] for c in inputs["chunks"][: i + 1]], dim=-2)
-                if not _same(step[name][layer], expected, 0.0):
+                if not same(step[name][layer], written[layer][j][:, :, :length], 0.0, dtype="kind"):
                     fail(f"after advance, cache.{name}({layer}) must be the {length} {name} written so far "
                          "(a view of the filled part of the buffer)")
     if error is not None:
@@ -163,8 +166,8 @@ def _layer_config(gen: torch.Generator, kind: str) -> dict:
         n_heads, n_kv_heads = _pick(gen, (2, 3, 4)), 1
     else:
         n_heads, n_kv_heads = _pick(gen, (1, 2, 3, 4)), None
-    d_head = _int(gen, 2, 5)
-    return dict(vocab=_int(gen, 5, 20), max_len=_int(gen, 12, 20), d_model=n_heads * d_head, n_heads=n_heads,
+    d_head = rand_int(gen, 2, 5)
+    return dict(vocab=rand_int(gen, 5, 20), max_len=rand_int(gen, 12, 20), d_model=n_heads * d_head, n_heads=n_heads,
                 n_layers=1, n_kv_heads=n_kv_heads)
 
 
@@ -172,11 +175,11 @@ def _chunk_sizes(gen: torch.Generator, total: int, style: str) -> list[int]:
     """Chunks adding up to ``total``: "prompt" = a prompt of several tokens, one-token steps, then a chunk;
     "random" = chunks of 1-4 tokens, the first and another of at least 2."""
     if style == "prompt":
-        first, last = _int(gen, 2, total - 4), _int(gen, 2, 3)
+        first, last = rand_int(gen, 2, total - 4), rand_int(gen, 2, 3)
         return [first] + [1] * (total - first - last) + [last]
     sizes, left = [], total
     while left:
-        size = min(left, _int(gen, 1, 4))
+        size = min(left, rand_int(gen, 1, 4))
         sizes.append(size)
         left -= size
     if max(sizes[1:], default=0) < 2 and total >= 4:
@@ -190,7 +193,7 @@ def _attention_inputs(kind: str, style: str = "prompt", dtype: torch.dtype = tor
         d_model, n_heads = config["d_model"], config["n_heads"]
         kv_heads = config["n_kv_heads"] or n_heads
         d_head = d_model // n_heads
-        seq, batch = _int(gen, 8, config["max_len"]), _int(gen, 1, 2)
+        seq, batch = rand_int(gen, 8, config["max_len"]), rand_int(gen, 1, 2)
 
         def linear(rows: int) -> tuple[Tensor, Tensor]:
             return (torch.randn(rows, d_model, generator=gen) / math.sqrt(d_model) * 1.5,
@@ -252,25 +255,64 @@ def _attention_reference(inputs: dict, *, mask: str = "end", cache: bool = True,
     return torch.cat(outs, dim=1)
 
 
-def _judge_attention(inputs: dict, outputs: dict) -> None:
-    config = inputs["config"]
-    kv_heads = config["n_kv_heads"] or config["n_heads"]
+@core.recorded
+def _attention_outputs(inputs: dict) -> dict[str, Any]:
+    """The layer's output for x in one pass ("expected"), and the outputs of the mistakes of _full_pass_hints (one
+    pass) and _chunked_hints (fed in the inputs' chunks) but those equal to "expected" (never told apart from it),
+    stacked."""
     one_pass = dict(inputs, chunks=[inputs["x"].shape[1]])
     expected = _attention_reference(one_pass)
-    full = outputs["full"]
-    if not _same(full, expected):
-        grouped = f"query head h uses K/V head h // {config['n_heads'] // kv_heads}"
-        mistakes = [
-            (_attention_reference(one_pass, tiled=True),
-             f"with {config['n_heads']} query heads and {kv_heads} K/V heads, {grouped}: consecutive query heads "
-             "share a K/V head (repeat_kv_heads of chapter 2, or repeat_interleave); k.repeat(1, group, 1, 1) tiles "
-             "them instead, which is not how GQA checkpoints are laid out"),
-            (_attention_reference(one_pass, mask="none"),
-             "without a cache this is causal self-attention: token i must not see tokens after it (causal mask)"),
-        ]
-        for candidate, hint in mistakes:
-            if _same(full, candidate):
-                fail(hint)
+    found = {"tiled": _attention_reference(one_pass, tiled=True),
+             "no_mask": _attention_reference(one_pass, mask="none"),
+             "top_left": _attention_reference(inputs, mask="top_left"),
+             "top_left_if_several": _attention_reference(inputs, mask="top_left_if_several"),
+             "none": _attention_reference(inputs, mask="none"),
+             "no_cache": _attention_reference(inputs, cache=False)}
+    return core.stacked({"expected": expected, **{bug: out for bug, out in found.items()
+                                                  if not torch.equal(out, expected)}})
+
+
+def _full_pass_hints(config: dict) -> dict[str, str]:
+    kv_heads = config["n_kv_heads"] or config["n_heads"]
+    grouped = f"query head h uses K/V head h // {config['n_heads'] // kv_heads}"
+    return {
+        "tiled": f"with {config['n_heads']} query heads and {kv_heads} K/V heads, {grouped}: consecutive query heads "
+        "share a K/V head (repeat_kv_heads of chapter 2, or repeat_interleave); k.repeat(1, group, 1, 1) tiles "
+        "them instead, which is not how GQA checkpoints are laid out",
+        "no_mask": "without a cache this is causal self-attention: token i must not see tokens after it (causal mask)",
+    }
+
+
+def _chunked_hints(chunks: list[int]) -> dict[str, str]:
+    return {
+        "top_left": f"fed in chunks {chunks}, the new queries see too few keys: your causal mask is aligned to the "
+        "top-left corner (as F.scaled_dot_product_attention(is_causal=True) is when seq_q < seq_k). The new tokens are "
+        "the LAST seq_q positions of the seq_k keys: use the end-aligned causal_mask(seq_q, seq_k) of chapter 1 "
+        "(or attention(..., is_causal=True))",
+        "top_left_if_several": f"fed in chunks {chunks}, a chunk of several new tokens after a cached prefix sees too "
+        "few keys: the mask is aligned to the top-left, not offset by the cached prefix (F.scaled_dot_product_attention"
+        "(is_causal=q.shape[-2] > 1) does this when seq_q < seq_k; one-token steps hide it, since they need no mask). "
+        "The new tokens are the LAST seq_q of the seq_k keys: use the end-aligned causal_mask(seq_q, seq_k) of "
+        "chapter 1 (or attention(..., is_causal=True))",
+        "none": f"fed in chunks {chunks}, a new token sees the new tokens after it: one-token steps need no mask, "
+        "but a chunk of several new tokens does, aligned to the end: causal_mask(seq_q, seq_k)",
+        "no_cache": "with a cache, the new queries must attend to the cached keys too: use the keys and values that "
+        "cache.write(layer, k, v) returns (held + new), not only the new ones",
+    }
+
+
+def _first_mistake(actual: Any, found: dict[str, Tensor], hints: dict[str, str]) -> None:
+    """Fail with the hint of the first mistake of ``hints`` (in order) whose output ``actual`` is."""
+    for bug, hint in hints.items():
+        if bug in found and same(actual, found[bug], dtype="kind"):
+            fail(hint)
+
+
+def _judge_attention(inputs: dict, outputs: dict) -> None:
+    found = core.unstacked(_attention_outputs(inputs))
+    expected, full = found["expected"], outputs["full"]
+    if not same(full, expected, dtype="kind"):
+        _first_mistake(full, found, _full_pass_hints(inputs["config"]))
         expect_close(full, expected, "without a cache the output must be causal self-attention over x: "
                      "q_proj, kv_proj (K then V, each (kv_heads d_head)), attention per head, out_proj")
     chunked = outputs["chunked"]
@@ -280,31 +322,10 @@ def _judge_attention(inputs: dict, outputs: dict) -> None:
         if c.dim() != 3 or c.shape[1] != size:
             fail(f"fed {size} new tokens, forward must return (batch, {size}, d_model); got {tuple(c.shape)}")
     got = torch.cat(list(chunked), dim=1)
-    if _same(got, expected):
+    if same(got, expected, dtype="kind"):
         return
     chunks = inputs["chunks"]
-    mistakes = [
-        (_attention_reference(inputs, mask="top_left"),
-         f"fed in chunks {chunks}, the new queries see too few keys: your causal mask is aligned to the top-left "
-         "corner (as F.scaled_dot_product_attention(is_causal=True) is when seq_q < seq_k). The new tokens are the "
-         "LAST seq_q positions of the seq_k keys: use the end-aligned causal_mask(seq_q, seq_k) of chapter 1 "
-         "(or attention(..., is_causal=True))"),
-        (_attention_reference(inputs, mask="top_left_if_several"),
-         f"fed in chunks {chunks}, a chunk of several new tokens after a cached prefix sees too few keys: the mask is "
-         "aligned to the top-left, not offset by the cached prefix (F.scaled_dot_product_attention(is_causal="
-         "q.shape[-2] > 1) does this when seq_q < seq_k; one-token steps hide it, since they need no mask). The new "
-         "tokens are the LAST seq_q of the seq_k keys: use the end-aligned causal_mask(seq_q, seq_k) of chapter 1 "
-         "(or attention(..., is_causal=True))"),
-        (_attention_reference(inputs, mask="none"),
-         f"fed in chunks {chunks}, a new token sees the new tokens after it: one-token steps need no mask, but a "
-         "chunk of several new tokens does, aligned to the end: causal_mask(seq_q, seq_k)"),
-        (_attention_reference(inputs, cache=False),
-         "with a cache, the new queries must attend to the cached keys too: use the keys and values that "
-         "cache.write(layer, k, v) returns (held + new), not only the new ones"),
-    ]
-    for candidate, hint in mistakes:
-        if _same(got, candidate):
-            fail(hint)
+    _first_mistake(got, found, _chunked_hints(chunks))
     expect_close(got, expected, f"fed in chunks {chunks} through the cache, the outputs must equal one full pass: "
                  "write the new k, v to the cache and attend the new queries over everything it returns")
 
@@ -337,7 +358,7 @@ def _ref_generate(model: tuple, idx: Tensor, max_new_tokens: int, kwargs: dict, 
 def _gpt_inputs(kind: str, style: str = "prompt", past: bool = True):
     def inputs(gen: torch.Generator) -> dict:
         layer = _layer_config(gen, kind)
-        config = dict(layer, n_layers=2, max_len=_int(gen, 12, 18))  # two layers: advancing per layer shows
+        config = dict(layer, n_layers=2, max_len=rand_int(gen, 12, 18))  # two layers: advancing per layer shows
         parameters, layout = _gpt_layout(config)
         values = {}
         for name, shape in parameters:
@@ -347,14 +368,14 @@ def _gpt_inputs(kind: str, style: str = "prompt", past: bool = True):
                 values[name] = 1 + torch.randn(shape, generator=gen) * 0.1
             else:
                 values[name] = torch.randn(shape, generator=gen) / math.sqrt(shape[-1]) * 1.5
-        seq, batch = _int(gen, 8, config["max_len"] - 2), _int(gen, 1, 2)
+        seq, batch = rand_int(gen, 8, config["max_len"] - 2), rand_int(gen, 1, 2)
         kv_heads, d_head = config["n_kv_heads"] or config["n_heads"], config["d_model"] // config["n_heads"]
         data = {"config": config, "state": {key: values[name] if name else buffer for key, name, buffer in layout},
                 "idx": torch.randint(0, config["vocab"], (batch, seq), generator=gen),
                 "chunks": _chunk_sizes(gen, seq, style),
                 "cache": (config["n_layers"], batch, kv_heads, config["max_len"], d_head)}
         if past:
-            data["past"] = torch.randint(0, config["vocab"], (batch, config["max_len"] - seq + _int(gen, 1, 2)),
+            data["past"] = torch.randint(0, config["vocab"], (batch, config["max_len"] - seq + rand_int(gen, 1, 2)),
                                          generator=gen)
         data["other_batch"] = torch.randint(0, config["vocab"], (batch + 1, 2), generator=gen)
         return data
@@ -364,9 +385,9 @@ def _gpt_inputs(kind: str, style: str = "prompt", past: bool = True):
 
 @core.recorded
 @torch.no_grad()
-def _gpt_reference(inputs: dict, *, positions: str = "advance") -> tuple[Tensor, list[Tensor]]:
-    """The library model's logits in one pass, and per chunk fed through a cache; ``positions="zero"``: every
-    chunk placed at positions 0… (the positions-not-advanced mistake)."""
+def _gpt_reference(inputs: dict) -> dict[str, Any]:
+    """The library model's logits in one pass ("full"), and fed in the inputs' chunks through a cache with every
+    chunk placed at positions 0… ("zero_positions": the positions-not-advanced mistake), stacked."""
     model = ref.GPT(ref.GPTConfig(**inputs["config"]))
     model.load_state_dict(inputs["state"])
     model.eval()
@@ -375,17 +396,13 @@ def _gpt_reference(inputs: dict, *, positions: str = "advance") -> tuple[Tensor,
     cache = model.new_cache(idx.shape[0])
     parts, start = [], 0
     for size in inputs["chunks"]:
-        chunk = idx[:, start : start + size]
-        if positions == "advance":
-            parts.append(model(chunk, cache))
-        else:
-            x = model.position(model.token_embedding(chunk), start_pos=0)
-            for layer, block in enumerate(model.blocks):
-                x = block(x, cache, layer)
-            cache.advance(size)
-            parts.append(model.lm_head(model.norm(x)))
+        x = model.position(model.token_embedding(idx[:, start : start + size]), start_pos=0)
+        for layer, block in enumerate(model.blocks):
+            x = block(x, cache, layer)
+        cache.advance(size)
+        parts.append(model.lm_head(model.norm(x)))
         start += size
-    return full, parts
+    return core.stacked({"full": full, "zero_positions": torch.cat(parts, dim=1)})
 
 
 def _judge_gpt_cache_use(chunks: list, outputs: dict, n_layers: int) -> int:
@@ -424,9 +441,9 @@ def _judge_gpt_cache_use(chunks: list, outputs: dict, n_layers: int) -> int:
 
 
 def _judge_gpt(inputs: dict, outputs: dict) -> None:
-    full_expected, _ = _gpt_reference(inputs)
-    _, zero = _gpt_reference(inputs, positions="zero")
-    if not _same(outputs["full"], full_expected, 1e-4):
+    logits = core.unstacked(_gpt_reference(inputs))
+    full_expected = logits["full"]
+    if not same(outputs["full"], full_expected, 1e-4, dtype="kind"):
         expect_close(outputs["full"], full_expected,
                      "without a cache, forward(idx) must give the logits of the whole model: token embedding plus "
                      "the positions 0…seq-1, every block, the final norm, lm_head (if CausalSelfAttention fails its "
@@ -442,8 +459,8 @@ def _judge_gpt(inputs: dict, outputs: dict) -> None:
         if c.dim() != 3 or c.shape[1] != size:
             fail(f"fed {size} new tokens, forward must return logits (batch, {size}, vocab); got {tuple(c.shape)}")
     got = torch.cat(list(chunked), dim=1)
-    if not _same(got, full_expected, 1e-4):
-        if _same(got, torch.cat(zero, dim=1), 1e-4):
+    if not same(got, full_expected, 1e-4, dtype="kind"):
+        if same(got, logits["zero_positions"], 1e-4, dtype="kind"):
             fail(f"fed in chunks {chunks}, every chunk is placed at positions 0, 1, … again: the new tokens sit at "
                  "positions len(cache), len(cache)+1, …; pass start_pos=len(cache) to the position embedding "
                  "(positions not advanced: generation diverges from the second new token on)")
@@ -492,10 +509,10 @@ def _bytes_random_inputs(dtypes: tuple[str, ...] | None, batch: bool = True):
     """Random sizes; ``dtypes=None`` and ``batch=False`` leave those arguments to their defaults."""
 
     def inputs(gen: torch.Generator) -> dict:
-        args = (_int(gen, 2, 12), _int(gen, 2, 8), _pick(gen, (16, 32, 64, 80, 128)), _int(gen, 2, 500))
+        args = (rand_int(gen, 2, 12), rand_int(gen, 2, 8), _pick(gen, (16, 32, 64, 80, 128)), rand_int(gen, 2, 500))
         kwargs = {} if dtypes is None else {"dtype": _pick(gen, dtypes)}
         if batch:
-            kwargs["batch"] = _int(gen, 2, 6)
+            kwargs["batch"] = rand_int(gen, 2, 6)
         return {"args": args, "kwargs": kwargs}
 
     return inputs
@@ -565,13 +582,13 @@ def _sample_inputs(kind: str, *, temperature: tuple = (1.0,), top_k: bool = Fals
     largest logit is tied with the next one)."""
 
     def inputs(gen: torch.Generator) -> dict:
-        vocab = _int(gen, 6, 10)
-        seed = _int(gen, 0, 10_000)
+        vocab = rand_int(gen, 6, 10)
+        seed = rand_int(gen, 0, 10_000)
         if kind == "greedy":
-            rows = torch.randn(_int(gen, 3, 8), vocab, generator=gen) * 2
+            rows = torch.randn(rand_int(gen, 3, 8), vocab, generator=gen) * 2
             return {"args": (rows,), "kwargs": {"temperature": 0.0}, "seed": seed, "distinct": rows, "repeats": 1}
         if kind == "ties":
-            k = _int(gen, 2, 3)
+            k = rand_int(gen, 2, 3)
             values = torch.sort(torch.randn(vocab, generator=gen), descending=True).values
             values[k] = values[k - 1]  # the k-th and (k+1)-th largest logits are equal
             rows = values[torch.randperm(vocab, generator=gen)][None]
@@ -579,8 +596,8 @@ def _sample_inputs(kind: str, *, temperature: tuple = (1.0,), top_k: bool = Fals
         else:
             kwargs = {"temperature": float(_pick(gen, temperature))}
             if top_k:
-                kwargs["top_k"] = _int(gen, 3, vocab - 2)
-            rows = torch.randn(2 if top_p else _int(gen, 2, 3), vocab, generator=gen) * 1.5
+                kwargs["top_k"] = rand_int(gen, 3, vocab - 2)
+            rows = torch.randn(2 if top_p else rand_int(gen, 2, 3), vocab, generator=gen) * 1.5
             if top_p:
                 rows, kwargs["top_p"] = _top_p_rows(gen, rows, kwargs)
         return {"args": (rows.repeat_interleave(_REPEATS, dim=0),), "kwargs": kwargs, "seed": seed,
@@ -729,6 +746,12 @@ def _explain_sample(freq: Tensor, probs: Tensor, distinct: Tensor, kwargs: dict,
          "and renormalised")
 
 
+@core.recorded
+def _greedy_tokens(logits: Tensor) -> Tensor:
+    """Temperature 0's tokens: the argmax of each row, (batch, 1)."""
+    return logits.argmax(dim=-1, keepdim=True)
+
+
 def _judge_sample(inputs: dict, outputs: dict) -> None:
     (logits,), kwargs = inputs["args"], inputs["kwargs"]
     first, second = outputs["first"], outputs["second"]
@@ -741,8 +764,7 @@ def _judge_sample(inputs: dict, outputs: dict) -> None:
     _check_sample_form(first, second, logits.shape[0], logits.shape[-1])
     distinct, repeats = inputs["distinct"], inputs["repeats"]
     if temperature == 0:
-        expected = logits.argmax(dim=-1, keepdim=True)
-        if not torch.equal(first, expected):
+        if not torch.equal(first, _greedy_tokens(logits)):
             fail("temperature 0 means greedy: return the argmax of each row (never divide by 0)")
         return
     tokens = first.view(distinct.shape[0], repeats)
@@ -766,7 +788,7 @@ def _judge_sample_bad(inputs: dict, outputs: dict) -> None:
 
 
 def _toy_model(gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-    vocab, d, max_len = _int(gen, 7, 13), 6, _int(gen, 20, 32)
+    vocab, d, max_len = rand_int(gen, 7, 13), 6, rand_int(gen, 20, 32)
     return (torch.randn(vocab, d, generator=gen, dtype=torch.float64),
             torch.randn(max_len, d, generator=gen, dtype=torch.float64),
             torch.randn(d, vocab, generator=gen, dtype=torch.float64) * 2)
@@ -784,22 +806,22 @@ def _generate_inputs(kind: str, *, training: bool = False):
         def prompt(batch: int, seq: int) -> Tensor:
             return torch.randint(0, vocab, (batch, seq), generator=gen)
 
-        batch, seq = _int(gen, 1, 3), _int(gen, 2, 6)
-        new = _int(gen, 6, max_len - seq)
+        batch, seq = rand_int(gen, 1, 3), rand_int(gen, 2, 6)
+        new = rand_int(gen, 6, max_len - seq)
         if kind == "greedy":
             p = prompt(batch, seq)
             runs = [{"idx": p, "max_new_tokens": new, "kwargs": {"use_cache": c, "temperature": 0.0}}
                     for c in (True, False)]
         elif kind == "two_prompts":
-            runs = [{"idx": prompt(batch, s), "max_new_tokens": _int(gen, 4, max_len - 8),
-                     "kwargs": {"use_cache": True, "temperature": 0.0}} for s in (seq, _int(gen, 2, 8))]
+            runs = [{"idx": prompt(batch, s), "max_new_tokens": rand_int(gen, 4, max_len - 8),
+                     "kwargs": {"use_cache": True, "temperature": 0.0}} for s in (seq, rand_int(gen, 2, 8))]
         elif kind == "limit":
             p = prompt(batch, seq)
-            runs = [{"idx": p, "max_new_tokens": max_len - seq + _int(gen, 1, 3),
+            runs = [{"idx": p, "max_new_tokens": max_len - seq + rand_int(gen, 1, 3),
                      "kwargs": {"use_cache": c, "temperature": 0.0}} for c in (True, False)]
             runs.append({"idx": p, "max_new_tokens": max_len - seq, "kwargs": {"use_cache": True, "temperature": 0.0}})
         elif kind == "sample":
-            p, seed, top_k = prompt(batch, seq), _int(gen, 0, 10_000), _int(gen, 2, vocab - 1)
+            p, seed, top_k = prompt(batch, seq), rand_int(gen, 0, 10_000), rand_int(gen, 2, vocab - 1)
             runs = [{"idx": p, "max_new_tokens": new, "seed": seed,
                      "kwargs": {"use_cache": c, "temperature": 1.5, "top_k": top_k}} for c in (True, False)]
         else:  # "zero"

@@ -12,7 +12,6 @@ results on the visible cases and holds none of their code.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import torch
@@ -22,42 +21,9 @@ from torch import Tensor, nn
 from torch.nn.attention.bias import causal_lower_right
 
 from autograder.checks import core
-from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
+from autograder.checks.core import (Case, Check, CheckFailed, expect, expect_close, expect_value_error, fail, rand_int,
+                                    same)
 reference = core.reference("solutions.multihead")  # in a student edition: replayed from a recording
-
-
-def _int(gen: torch.Generator, low: int, high: int) -> int:
-    """A random int in [low, high] drawn from ``gen``."""
-    return int(torch.randint(low, high + 1, (1,), generator=gen))
-
-
-def _same(actual: Any, candidate: Tensor, atol: float = 1e-5) -> bool:
-    return (
-        isinstance(actual, Tensor)
-        and tuple(actual.shape) == tuple(candidate.shape)
-        and actual.dtype == candidate.dtype
-        and torch.allclose(actual, candidate, atol=atol, rtol=1e-4, equal_nan=True)
-    )
-
-
-def _expect(actual: Any, expected: Tensor, hint: str, mistakes: list[tuple[Tensor, str]] = (), atol: float = 1e-5) -> None:
-    """Like expect_close, but first names a known mistake whose output ``actual`` reproduces."""
-    if not _same(actual, expected, atol):
-        for wrong, message in mistakes:
-            if _same(actual, wrong, atol):
-                fail(message)
-    expect_close(actual, expected, hint, atol=atol)
-
-
-def _expect_value_error(outputs: dict, argument: str, what: str) -> None:
-    """The call described by ``what`` must have raised a ValueError whose message names ``argument`` (as a word)."""
-    error = outputs["error"]
-    if error is None:
-        fail(f"{what}, but your code returned a result: raise ValueError naming {argument} instead of going on")
-    if error["type"] != "ValueError":
-        fail(f"{what}: raise a ValueError (you raised {error['type']}: {error['message']})")
-    if not re.search(rf"\b{re.escape(argument)}\b", error["message"]):
-        fail(f"{what}: your ValueError should name {argument} and say what to change; it said {error['message']!r}")
 
 
 def _bad_calls(*calls: tuple[tuple, dict, str, str]):
@@ -75,7 +41,7 @@ def _bad_calls(*calls: tuple[tuple, dict, str, str]):
 def _judge_value_errors(inputs: dict, outputs: dict) -> None:
     """Each call must raise a ValueError naming its argument; the hint names the first rule that is not checked."""
     for (argument, what), result in zip(inputs["rules"], outputs["results"]):
-        _expect_value_error(result, argument, what)
+        expect_value_error(result["error"], argument, what)
 
 
 def _shape(*sizes: int) -> torch.Size:
@@ -86,8 +52,8 @@ def _shape(*sizes: int) -> torch.Size:
 
 
 def _split_inputs(gen: torch.Generator, heads_range=(2, 6), d_head_range=(2, 6)) -> dict:
-    batch, seq = _int(gen, 1, 3), _int(gen, 2, 5)
-    heads, d_head = _int(gen, *heads_range), _int(gen, *d_head_range)
+    batch, seq = rand_int(gen, 1, 3), rand_int(gen, 2, 5)
+    heads, d_head = rand_int(gen, *heads_range), rand_int(gen, *d_head_range)
     if heads == d_head:  # keep the (heads d_head) / (d_head heads) mix-up visible in the shape
         d_head += 1
     return {"args": (torch.randn(batch, seq, heads * d_head, generator=gen), heads)}
@@ -103,7 +69,7 @@ def _judge_split(inputs: dict, outputs: dict) -> None:
     x, heads = inputs["args"]
     batch, seq, d_model = x.shape
     d_head = d_model // heads
-    _expect(
+    expect(
         outputs["out"],
         _split_of(x, heads),
         "head h must hold features h·d_head … (h+1)·d_head - 1 of every token, in shape (batch, heads, seq, d_head)",
@@ -126,7 +92,7 @@ def _judge_split(inputs: dict, outputs: dict) -> None:
 
 
 def _merge_inputs(gen: torch.Generator) -> dict:
-    batch, seq, heads, d_head = _int(gen, 1, 3), _int(gen, 2, 5), _int(gen, 2, 5), _int(gen, 2, 5)
+    batch, seq, heads, d_head = rand_int(gen, 1, 3), rand_int(gen, 2, 5), rand_int(gen, 2, 5), rand_int(gen, 2, 5)
     if heads == d_head:
         d_head += 1
     return {"args": (torch.randn(batch, heads, seq, d_head, generator=gen),)}
@@ -141,7 +107,7 @@ def _merge_of(x: Tensor) -> Tensor:
 def _judge_merge(inputs: dict, outputs: dict) -> None:
     (x,) = inputs["args"]
     batch, heads, seq, d_head = x.shape
-    _expect(
+    expect(
         outputs["out"],
         _merge_of(x),
         "merge_heads must undo split_heads: (batch, heads, seq, d_head) -> (batch, seq, heads·d_head), "
@@ -166,7 +132,7 @@ def _judge_merge_roundtrip(inputs: dict, outputs: dict) -> None:
     tokens = _merge_of(x)
     out = outputs["out"]
     # split_heads(out, heads) gives x back exactly when out has merge_heads' layout (tokens)
-    if isinstance(out, Tensor) and tuple(out.shape) == tuple(tokens.shape) and not _same(out, tokens):
+    if isinstance(out, Tensor) and tuple(out.shape) == tuple(tokens.shape) and not same(out, tokens):
         fail("split_heads(merge_heads(x), heads) does not give x back: merge_heads is not the inverse of split_heads")
     expect_close(out, tokens, "merge_heads gives the wrong layout")
 
@@ -195,8 +161,8 @@ def _mha_inputs(
     kv_heads: bool = False,
     bias: bool = True,
 ) -> dict:
-    n_heads = [2, 4][_int(gen, 0, 1)] if not kv_heads else 4
-    d_head = _int(gen, 2, 5)
+    n_heads = [2, 4][rand_int(gen, 0, 1)] if not kv_heads else 4
+    d_head = rand_int(gen, 2, 5)
     if d_head == n_heads:
         d_head += 1
     d_model = n_heads * d_head
@@ -204,8 +170,8 @@ def _mha_inputs(
     if kv_heads:
         init_kwargs["n_kv_heads"] = 2  # with 1 (MQA) the grouping mistakes would not show
     shapes = _state_shapes((d_model, n_heads), init_kwargs)
-    batch, seq_q = _int(gen, 1, 3), _int(gen, 3, 6)
-    seq_k = seq_q + _int(gen, 1, 3) if cross else seq_q
+    batch, seq_q = rand_int(gen, 1, 3), rand_int(gen, 3, 6)
+    seq_k = seq_q + rand_int(gen, 1, 3) if cross else seq_q
     x = torch.randn(batch, seq_q, d_model, generator=gen)
     args: list[Any] = [x]
     if cross or padding:
@@ -332,15 +298,15 @@ def _mha_variants(inputs: dict) -> dict[str, Tensor]:
 def _judge_mha(inputs: dict, outputs: dict, *, what: str) -> None:
     variants = _mha_variants(inputs)
     expected = variants["reference"] if inputs["init_kwargs"].get("n_kv_heads") else _torch_reference(inputs)
-    if not _same(outputs["out"], expected, 1e-4):
+    if not same(outputs["out"], expected, 1e-4):
         for bug, message in _MHA_MISTAKES.items():
-            if bug in variants and _same(outputs["out"], variants[bug], 1e-4):
+            if bug in variants and same(outputs["out"], variants[bug], 1e-4):
                 fail(message)
     expect_close(outputs["out"], expected, what, atol=1e-4)
 
 
 def _dropout_inputs(gen: torch.Generator) -> dict:
-    n_heads, d_head = 4, _int(gen, 3, 5)
+    n_heads, d_head = 4, rand_int(gen, 3, 5)
     d_model = n_heads * d_head
     state = _state(_state_shapes((d_model, n_heads), {"dropout": 0.5}), gen)
     # W_O = identity, so each head's output block is visible in the module output.
@@ -354,7 +320,7 @@ def _dropout_inputs(gen: torch.Generator) -> dict:
         # One key: softmax gives it weight 1, so dropping that weight zeroes a whole head block.
         "args": (torch.randn(batch, seq_q, d_model, generator=gen), torch.randn(batch, 1, d_model, generator=gen)),
         "kwargs": {},
-        "seed": _int(gen, 0, 10_000),
+        "seed": rand_int(gen, 0, 10_000),
     }
 
 
@@ -396,12 +362,12 @@ def _judge_dropout(inputs: dict, outputs: dict) -> None:
 
 def _count_inputs(gen: torch.Generator, *, bias: bool = True, gqa: bool = False, big: bool = False) -> dict:
     if big:
-        d_model, n_heads = [(768, 12), (12288, 96), (8192, 64)][_int(gen, 0, 2)]
+        d_model, n_heads = [(768, 12), (12288, 96), (8192, 64)][rand_int(gen, 0, 2)]
     else:
-        n_heads = [2, 4, 8][_int(gen, 0, 2)]
-        d_model = n_heads * _int(gen, 2, 16)
+        n_heads = [2, 4, 8][rand_int(gen, 0, 2)]
+        d_model = n_heads * rand_int(gen, 2, 16)
     fewer = [d for d in range(1, n_heads) if n_heads % d == 0]
-    n_kv_heads = fewer[_int(gen, 0, len(fewer) - 1)] if gqa else None
+    n_kv_heads = fewer[rand_int(gen, 0, len(fewer) - 1)] if gqa else None
     return {"args": (d_model, n_heads), "kwargs": {"n_kv_heads": n_kv_heads, "bias": bias}}
 
 
@@ -446,9 +412,9 @@ def _judge_count(inputs: dict, outputs: dict) -> None:
 
 
 def _repeat_inputs(gen: torch.Generator, kv_heads: int | None = None, group: int | None = None) -> dict:
-    kv_heads = kv_heads or _int(gen, 2, 3)
-    group = group or _int(gen, 2, 3)
-    x = torch.randn(_int(gen, 1, 2), kv_heads, _int(gen, 2, 4), _int(gen, 2, 4), generator=gen)
+    kv_heads = kv_heads or rand_int(gen, 2, 3)
+    group = group or rand_int(gen, 2, 3)
+    x = torch.randn(rand_int(gen, 1, 2), kv_heads, rand_int(gen, 2, 4), rand_int(gen, 2, 4), generator=gen)
     return {"args": (x, kv_heads * group)}
 
 
@@ -460,7 +426,7 @@ def _repeat_of(x: Tensor, n_heads: int) -> Tensor:
 def _judge_repeat(inputs: dict, outputs: dict) -> None:
     x, n_heads = inputs["args"]
     group = n_heads // x.shape[1]
-    _expect(
+    expect(
         outputs["out"],
         _repeat_of(x, n_heads),
         f"query head i must use K/V head i // {group}: shape (batch, {n_heads}, seq, d_head)",
@@ -480,8 +446,8 @@ def _judge_repeat(inputs: dict, outputs: dict) -> None:
 
 def _grad_inputs(d_heads: tuple[int, ...], *, scaled: bool, dtype: torch.dtype = torch.float64):
     def inputs(gen: torch.Generator) -> dict:
-        d_head = d_heads[_int(gen, 0, len(d_heads) - 1)]
-        d_model, batch, seq = 4 * _int(gen, 2, 6), _int(gen, 1, 3), _int(gen, 4, 8)
+        d_head = d_heads[rand_int(gen, 0, len(d_heads) - 1)]
+        d_model, batch, seq = 4 * rand_int(gen, 2, 6), rand_int(gen, 1, 3), rand_int(gen, 4, 8)
         x = torch.randn(batch, seq, d_model, generator=gen, dtype=torch.float64)
         # Unit-variance q and k entries: the raw scores then have variance d_head.
         w_q, w_k, w_v = (torch.randn(d_model, d_head, generator=gen, dtype=torch.float64) / math.sqrt(d_model)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from autograder.checks import core
-from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
+from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail, rand_int, same
 ref = core.reference("solutions.positional")  # in a student edition: replayed from a recording
 
 
@@ -40,15 +40,6 @@ def _ref_bias(heads: int, seq_q: int, seq_k: int) -> torch.Tensor:
     return ref.alibi_bias(heads, seq_q, seq_k).double()
 
 
-def _stack(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> dict:
-    """Same-shaped tensors as names and one stacked tensor: the recording then holds one tensor per call."""
-    return {"names": list(tensors), "values": torch.stack([t.to(dtype or t.dtype) for t in tensors.values()])}
-
-
-def _unstack(stacked: dict) -> dict[str, torch.Tensor]:
-    return dict(zip(stacked["names"], stacked["values"]))
-
-
 def _sinusoid_variant(seq_len: int, d_model: int, *, swap=False, exponent=2.0, base=10000.0, first=0) -> torch.Tensor:
     """The encoding with one of the usual mistakes (exponent 2 is the correct 2i/d); only for _sinusoid_mistakes."""
     position = torch.arange(first, first + seq_len, dtype=torch.float64)[:, None]
@@ -65,11 +56,11 @@ def _sinusoid_variant(seq_len: int, d_model: int, *, swap=False, exponent=2.0, b
 def _sinusoid_mistakes(seq_len: int, d_model: int) -> dict:
     """The output of each mistake of _SINUSOID_MISTAKES (stacked)."""
     right = _sinusoid_variant(seq_len, d_model)
-    return _stack({"swap": _sinusoid_variant(seq_len, d_model, swap=True),
-            "exponent": _sinusoid_variant(seq_len, d_model, exponent=1.0),
-            "base": _sinusoid_variant(seq_len, d_model, base=1000.0),
-            "first": _sinusoid_variant(seq_len, d_model, first=1),
-            "concatenated": torch.cat([right[:, 0::2], right[:, 1::2]], dim=-1)})
+    return core.stacked({"swap": _sinusoid_variant(seq_len, d_model, swap=True),
+                         "exponent": _sinusoid_variant(seq_len, d_model, exponent=1.0),
+                         "base": _sinusoid_variant(seq_len, d_model, base=1000.0),
+                         "first": _sinusoid_variant(seq_len, d_model, first=1),
+                         "concatenated": torch.cat([right[:, 0::2], right[:, 1::2]], dim=-1)})
 
 
 @core.recorded
@@ -80,7 +71,7 @@ def _learned_outputs(x: torch.Tensor, weight: torch.Tensor, start_pos: int) -> d
                "alone": weight[start_pos : start_pos + seq].expand_as(x)}
     if start_pos + seq + 1 <= weight.shape[0]:
         outputs["off_by_one"] = x + weight[start_pos + 1 : start_pos + seq + 1]
-    return _stack(outputs)
+    return core.stacked(outputs)
 
 
 def _rope_variant(x: torch.Tensor, start_pos: int, base: float, *, sign: float = 1.0, halves: bool = False):
@@ -102,20 +93,20 @@ def _rope_mistakes(x: torch.Tensor, start_pos: int, base: float) -> dict:
     """The output of each mistake of _ROPE_MISTAKES and _ROPE_COMPLEX_MISTAKES (stacked, in float32: they only
     name a wrong answer, compared with rtol 1e-4, and float64 would double the recording)."""
     right = _rope_variant(x, start_pos, base)
-    return _stack({"transposed": _rope_variant(x, start_pos, base, sign=-1.0),
-            "halves": _rope_variant(x, start_pos, base, halves=True),
-            "start_ignored": _rope_variant(x, 0, base),
-            "base_ignored": _rope_variant(x, start_pos, 10000.0),
-            "exponent": _rope_variant(x, start_pos, base ** 0.5),
-            "concatenated": torch.cat([right[..., 0::2], right[..., 1::2]], dim=-1)}, torch.float32)
+    return core.stacked({"transposed": _rope_variant(x, start_pos, base, sign=-1.0),
+                         "halves": _rope_variant(x, start_pos, base, halves=True),
+                         "start_ignored": _rope_variant(x, 0, base),
+                         "base_ignored": _rope_variant(x, start_pos, 10000.0),
+                         "exponent": _rope_variant(x, start_pos, base ** 0.5),
+                         "concatenated": torch.cat([right[..., 0::2], right[..., 1::2]], dim=-1)}, torch.float32)
 
 
 @core.recorded
 def _slopes_mistakes(n: int) -> dict:
     """The output of each mistake of _slopes_hints (stacked)."""
     right, start = ref.alibi_slopes(n).double(), 2.0 ** (-8.0 / n)
-    return _stack({"negative": -right, "naive": torch.tensor([start ** (i + 1) for i in range(n)],
-                                                             dtype=torch.float64), "reversed": right.flip(0)})
+    return core.stacked({"negative": -right, "naive": torch.tensor([start ** (i + 1) for i in range(n)],
+                                                                  dtype=torch.float64), "reversed": right.flip(0)})
 
 
 @core.recorded
@@ -123,28 +114,15 @@ def _bias_mistakes(heads: int, seq_q: int, seq_k: int) -> dict:
     """The output of each mistake of _BIAS_MISTAKES (stacked)."""
     slopes = ref.alibi_slopes(heads).double()[:, None, None]
     query, key = torch.arange(seq_q)[:, None], torch.arange(seq_k)[None, :]
-    return _stack({"positive": slopes * (query + (seq_k - seq_q) - key).abs(),
-                   "start_aligned": -slopes * (query - key).abs(),
-                   "signed": -slopes * (query + (seq_k - seq_q) - key).double()})
-
-
-def _randint(gen: torch.Generator, low: int, high: int) -> int:
-    """An int in [low, high], drawn from ``gen``."""
-    return int(torch.randint(low, high + 1, (), generator=gen))
-
-
-def _matches(actual: Any, candidate: torch.Tensor, atol: float = 1e-5) -> bool:
-    return (
-        isinstance(actual, torch.Tensor)
-        and tuple(actual.shape) == tuple(candidate.shape)
-        and torch.allclose(actual.to(candidate.dtype), candidate, atol=atol, rtol=1e-4)
-    )
+    return core.stacked({"positive": slopes * (query + (seq_k - seq_q) - key).abs(),
+                         "start_aligned": -slopes * (query - key).abs(),
+                         "signed": -slopes * (query + (seq_k - seq_q) - key).double()})
 
 
 def _diagnose(actual: Any, hints: dict[str, str], mistakes: dict[str, torch.Tensor], atol: float = 1e-5) -> None:
     """Fail with the hint of the first known mistake (in the order of ``hints``) that ``actual`` reproduces."""
     for key, hint in hints.items():
-        if key in mistakes and _matches(actual, mistakes[key], atol):
+        if key in mistakes and same(actual, mistakes[key], atol, dtype="cast"):
             fail(hint)
 
 
@@ -196,8 +174,8 @@ def _judge_value_errors(inputs: dict, outputs: dict) -> None:
 
 def _sinusoid_inputs(seq_range: tuple[int, int], d_range: tuple[int, int], odd: bool = False):
     def inputs(gen: torch.Generator) -> dict:
-        seq_len = _randint(gen, *seq_range)
-        d_model = 2 * _randint(gen, d_range[0] // 2, d_range[1] // 2) + (1 if odd else 0)
+        seq_len = rand_int(gen, *seq_range)
+        d_model = 2 * rand_int(gen, d_range[0] // 2, d_range[1] // 2) + (1 if odd else 0)
         return {"args": (seq_len, d_model)}
 
     return inputs
@@ -217,8 +195,8 @@ _SINUSOID_MISTAKES = {
 def _judge_sinusoid(inputs: dict, outputs: dict) -> None:
     seq_len, d_model = inputs["args"]
     out = outputs["out"]
-    expected, mistakes = _ref_sinusoid(seq_len, d_model), _unstack(_sinusoid_mistakes(seq_len, d_model))
-    if _matches(out, expected):
+    expected, mistakes = _ref_sinusoid(seq_len, d_model), core.unstacked(_sinusoid_mistakes(seq_len, d_model))
+    if same(out, expected, dtype="cast"):
         return
     _diagnose(out, _SINUSOID_MISTAKES, mistakes)
     expect_close(out, expected, "PE[p, 2i] = sin(p / 10000^(2i/d_model)), PE[p, 2i+1] = cos(p / 10000^(2i/d_model))",
@@ -250,7 +228,7 @@ def _judge_sinusoid_shift(inputs: dict, outputs: dict) -> None:
 
 
 def _sinusoid_shift_inputs(gen: torch.Generator) -> dict:
-    return {"args": (_randint(gen, 20, 60), 2 * _randint(gen, 4, 16)), "shift": _randint(gen, 1, 7)}
+    return {"args": (rand_int(gen, 20, 60), 2 * rand_int(gen, 4, 16)), "shift": rand_int(gen, 1, 7)}
 
 
 # --- LearnedPositionalEmbedding ---
@@ -260,15 +238,15 @@ def _learned_inputs(start: str, *, batch_max: int = 3):
     """``start``: "zero", "inside" (start_pos > 0, fits), "edge" (ends exactly at max_len), "past" (one too far)."""
 
     def inputs(gen: torch.Generator) -> dict:
-        max_len, d_model = _randint(gen, 8, 24), _randint(gen, 2, 12)
-        seq = _randint(gen, 1, max_len // 2)
+        max_len, d_model = rand_int(gen, 8, 24), rand_int(gen, 2, 12)
+        seq = rand_int(gen, 1, max_len // 2)
         start_pos = {
             "zero": 0,
-            "inside": _randint(gen, 1, max_len - seq),
+            "inside": rand_int(gen, 1, max_len - seq),
             "edge": max_len - seq,
-            "past": max_len - seq + _randint(gen, 1, 3),
+            "past": max_len - seq + rand_int(gen, 1, 3),
         }[start]
-        x = torch.randn(_randint(gen, 1, batch_max), seq, d_model, generator=gen)
+        x = torch.randn(rand_int(gen, 1, batch_max), seq, d_model, generator=gen)
         weight = torch.randn(max_len, d_model, generator=gen)
         return {"init_args": (max_len, d_model), "state": {"embedding.weight": weight},
                 "args": (x,), "kwargs": {"start_pos": start_pos}}
@@ -287,11 +265,11 @@ _LEARNED_MISTAKES = {
 def _judge_learned(inputs: dict, outputs: dict) -> None:
     _no_error(outputs)
     (x,), start_pos = inputs["args"], inputs["kwargs"]["start_pos"]
-    outputs_of = _unstack(_learned_outputs(x, inputs["state"]["embedding.weight"], start_pos))
+    outputs_of = core.unstacked(_learned_outputs(x, inputs["state"]["embedding.weight"], start_pos))
     expected, out = outputs_of["expected"], outputs["out"]
-    if _matches(out, expected):
+    if same(out, expected, dtype="cast"):
         return
-    if _matches(out, x):
+    if same(out, x, dtype="cast"):
         fail("x is returned unchanged: add the position vectors embedding(positions)")
     _diagnose(out, _LEARNED_MISTAKES, outputs_of)
     expect_close(out, expected, "the output must be x + embedding(positions start_pos … start_pos + seq - 1)")
@@ -303,10 +281,10 @@ def _learned_bad_inputs(rule: str, argument: str, *, shape: Any = lambda d_model
     the ValueError must name ``argument``."""
 
     def inputs(gen: torch.Generator) -> dict:
-        max_len, d_model = _randint(gen, 8, 16), _randint(gen, 2, 6)
+        max_len, d_model = rand_int(gen, 8, 16), rand_int(gen, 2, 6)
         weight = torch.randn(max_len, d_model, generator=gen)
         x = torch.randn(*shape(d_model), generator=gen)
-        start = -_randint(gen, 1, 3) if start_pos == "negative" else start_pos
+        start = -rand_int(gen, 1, 3) if start_pos == "negative" else start_pos
         return {"init_args": (max_len, d_model), "state": {"embedding.weight": weight}, "args": (x,),
                 "kwargs": {"start_pos": start}, "argument": argument, "rule": rule,
                 "call": f"forward(x of shape {tuple(x.shape)}, start_pos={start!r}) with d_model={d_model}"}
@@ -335,14 +313,14 @@ def _judge_learned_past(inputs: dict, outputs: dict) -> None:
 
 def _rope_inputs(*, start: bool, base: bool = False, dtype=torch.float32, long: bool = False):
     def inputs(gen: torch.Generator) -> dict:
-        seq = _randint(gen, 40, 80) if long else _randint(gen, 3, 9)
-        d_head = 2 * _randint(gen, 2, 8)
-        x = torch.randn(_randint(gen, 1, 2), _randint(gen, 1, 3), seq, d_head, generator=gen, dtype=dtype)
+        seq = rand_int(gen, 40, 80) if long else rand_int(gen, 3, 9)
+        d_head = 2 * rand_int(gen, 2, 8)
+        x = torch.randn(rand_int(gen, 1, 2), rand_int(gen, 1, 3), seq, d_head, generator=gen, dtype=dtype)
         kwargs = {}
         if start:
-            kwargs["start_pos"] = _randint(gen, 1, 50)
+            kwargs["start_pos"] = rand_int(gen, 1, 50)
         if base:
-            kwargs["base"] = float(_randint(gen, 50, 500))
+            kwargs["base"] = float(rand_int(gen, 50, 500))
         return {"args": (x,), "kwargs": kwargs}
 
     return inputs
@@ -363,9 +341,9 @@ def _judge_rope(inputs: dict, outputs: dict) -> None:
     (x,) = inputs["args"]
     start_pos, base = inputs["kwargs"].get("start_pos", 0), inputs["kwargs"].get("base", 10000.0)
     out = outputs["out"]
-    expected, mistakes = _ref_rope(x, start_pos, base), _unstack(_rope_mistakes(x, start_pos, base))
+    expected, mistakes = _ref_rope(x, start_pos, base), core.unstacked(_rope_mistakes(x, start_pos, base))
     atol = 1e-5 if x.dtype == torch.float32 else 1e-10
-    if _matches(out, expected, atol):
+    if same(out, expected, atol, dtype="cast"):
         return
     if isinstance(out, torch.Tensor) and out.shape == x.shape:
         norms = out.to(x.dtype).norm(dim=-1)
@@ -378,11 +356,11 @@ def _judge_rope(inputs: dict, outputs: dict) -> None:
 
 
 def _rope_relative_inputs(gen: torch.Generator) -> dict:
-    d_head = 2 * _randint(gen, 2, 8)
+    d_head = 2 * rand_int(gen, 2, 8)
     q = torch.randn(1, 1, 1, d_head, generator=gen, dtype=torch.float64)
     k = torch.randn(1, 1, 1, d_head, generator=gen, dtype=torch.float64)
-    offset = _randint(gen, 0, 5)
-    starts = [_randint(gen, 0, 40) for _ in range(3)]
+    offset = rand_int(gen, 0, 5)
+    starts = [rand_int(gen, 0, 40) for _ in range(3)]
     # Each call places q at position start + offset and k at start.
     return {"calls": [((q, start + offset), (k, start)) for start in starts], "q": q, "k": k, "offset": offset}
 
@@ -416,11 +394,12 @@ def _judge_rope_complex(inputs: dict, outputs: dict) -> None:
     start_pos, base = inputs["kwargs"].get("start_pos", 0), inputs["kwargs"].get("base", 10000.0)
     out = outputs["out"]
     # the pairwise rotation (the other exercise), in float64
-    expected, mistakes = _ref_rope(x.double(), start_pos, base), _unstack(_rope_mistakes(x.double(), start_pos, base))
+    expected = _ref_rope(x.double(), start_pos, base)
+    mistakes = core.unstacked(_rope_mistakes(x.double(), start_pos, base))
     atol = 1e-5 if x.dtype == torch.float32 else 1e-10
     if isinstance(out, torch.Tensor) and out.shape == x.shape and out.dtype != x.dtype:
         fail(f"return the dtype of x ({x.dtype}), not {out.dtype}: convert back after torch.view_as_real")
-    if _matches(out, expected, atol):
+    if same(out, expected, atol, dtype="cast"):
         if x.dtype == torch.float64 and not torch.allclose(out, expected, atol=1e-10, rtol=1e-10):
             fail("a float64 x lost precision: its pairs must become complex128 numbers (torch.view_as_complex of "
                  "the float64 tensor, and e^(iθ) in complex128), not complex64")
@@ -435,7 +414,7 @@ def _judge_rope_complex(inputs: dict, outputs: dict) -> None:
 
 def _slopes_inputs(choices: tuple[int, ...]):
     def inputs(gen: torch.Generator) -> dict:
-        return {"args": (choices[_randint(gen, 0, len(choices) - 1)],)}
+        return {"args": (choices[rand_int(gen, 0, len(choices) - 1)],)}
 
     return inputs
 
@@ -452,8 +431,8 @@ def _slopes_hints(n: int) -> dict[str, str]:
 def _judge_slopes(inputs: dict, outputs: dict) -> None:
     (n,) = inputs["args"]
     out = outputs["out"]
-    expected, mistakes = _ref_slopes(n), _unstack(_slopes_mistakes(n))
-    if _matches(out, expected, 1e-7):
+    expected, mistakes = _ref_slopes(n), core.unstacked(_slopes_mistakes(n))
+    if same(out, expected, 1e-7, dtype="cast"):
         return
     _diagnose(out, _slopes_hints(n), mistakes, 1e-7)
     expect_close(out, expected, f"for n_heads={n} (a power of two) the slopes are 2^(-8/n), 2^(-16/n), …, 2^(-8)"
@@ -465,9 +444,9 @@ def _judge_slopes(inputs: dict, outputs: dict) -> None:
 
 def _bias_inputs(*, square: bool, power_of_two: bool = True):
     def inputs(gen: torch.Generator) -> dict:
-        heads = 2 ** _randint(gen, 0, 4) if power_of_two else (3, 5, 6, 7, 12)[_randint(gen, 0, 4)]
-        seq_k = _randint(gen, 2, 10)
-        seq_q = seq_k if square else _randint(gen, 1, seq_k - 1)
+        heads = 2 ** rand_int(gen, 0, 4) if power_of_two else (3, 5, 6, 7, 12)[rand_int(gen, 0, 4)]
+        seq_k = rand_int(gen, 2, 10)
+        seq_q = seq_k if square else rand_int(gen, 1, seq_k - 1)
         return {"args": (heads, seq_q, seq_k)}
 
     return inputs
@@ -484,8 +463,8 @@ _BIAS_MISTAKES = {
 def _judge_bias(inputs: dict, outputs: dict) -> None:
     heads, seq_q, seq_k = inputs["args"]
     out = outputs["out"]
-    expected, mistakes = _ref_bias(heads, seq_q, seq_k), _unstack(_bias_mistakes(heads, seq_q, seq_k))
-    if _matches(out, expected, 1e-6):
+    expected, mistakes = _ref_bias(heads, seq_q, seq_k), core.unstacked(_bias_mistakes(heads, seq_q, seq_k))
+    if same(out, expected, 1e-6, dtype="cast"):
         return
     _diagnose(out, _BIAS_MISTAKES, mistakes, 1e-6)
     expect_close(out, expected, "bias[h, i, j] = -slope_h · |i + (seq_k - seq_q) - j| with slope_h = alibi_slopes(n_heads)[h] "

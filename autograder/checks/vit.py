@@ -4,7 +4,11 @@ Each judge compares with an independent reference — image blocks cut with
 ``Tensor.unfold`` (patchify), ``F.conv2d`` (the patch embedding), torchvision's
 ``VisionTransformer`` with the same weights (the forward pass and the parameter
 count) and torchvision's ``interpolate_embeddings`` (a new image size) — and,
-when the answer is wrong, recomputes the usual mistakes to name the one that was made.
+when the answer is wrong, names the usual mistake whose output it is. What the checks
+compute themselves (the patches, the conv's weight as a Linear's, [CLS] and positions)
+and every mistake one edit away from an answer are computed in ``@core.recorded``
+functions of the case inputs, called before the early return: a student edition that
+withholds chapter 5 replays their results and holds no code computing them.
 """
 
 from __future__ import annotations
@@ -19,41 +23,9 @@ from torch import Tensor, nn
 from torchvision.models import vision_transformer as tv
 
 from autograder.checks import core
-from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
+from autograder.checks.core import (Case, Check, CheckFailed, expect, expect_close, expect_value_error, fail, rand_int,
+                                    same)
 reference = core.reference("solutions.vit")  # in a student edition: replayed from a recording
-
-
-def _int(gen: torch.Generator, low: int, high: int) -> int:
-    """A random int in [low, high] drawn from ``gen``."""
-    return int(torch.randint(low, high + 1, (1,), generator=gen))
-
-
-def _same(actual: Any, candidate: Tensor, atol: float = 1e-5) -> bool:
-    return (
-        isinstance(actual, Tensor)
-        and tuple(actual.shape) == tuple(candidate.shape)
-        and actual.dtype == candidate.dtype
-        and torch.allclose(actual, candidate, atol=atol, rtol=1e-4, equal_nan=True)
-    )
-
-
-def _expect(actual: Any, expected: Tensor, hint: str, mistakes: list[tuple[Tensor, str]] = (), atol: float = 1e-5) -> None:
-    """Like expect_close, but first names a known mistake whose output ``actual`` reproduces."""
-    if not _same(actual, expected, atol):
-        for wrong, message in mistakes:
-            if _same(actual, wrong, atol):
-                fail(message)
-    expect_close(actual, expected, hint, atol=atol)
-
-
-def _expect_value_error(outputs: dict, argument: str, what: str) -> None:
-    error = outputs["error"]
-    if error is None:
-        fail(f"{what}, but your code returned a result: raise ValueError naming {argument} instead of going on")
-    if error["type"] != "ValueError":
-        fail(f"{what}: raise a ValueError (you raised {error['type']}: {error['message']})")
-    if argument not in error["message"]:
-        fail(f"{what}: your ValueError should name {argument} and say what to change; it said {error['message']!r}")
 
 
 def _no_error(outputs: dict) -> None:
@@ -65,6 +37,7 @@ def _no_error(outputs: dict) -> None:
 # --- patchify --------------------------------------------------------------------------------------
 
 
+@core.recorded
 def _blocks(images: Tensor, p: int) -> Tensor:
     """The reference patches, cut with Tensor.unfold: (batch, h·w, p·p·channels), row-major, (p1 p2 channels)."""
     batch, channels = images.shape[:2]
@@ -74,45 +47,56 @@ def _blocks(images: Tensor, p: int) -> Tensor:
 
 def _patch_inputs(gen: torch.Generator, *, channels=(2, 3), grid=(2, 4), patch=(2, 4), square=False,
                   dtype=torch.float32, batch=(1, 3)) -> dict:
-    c, p = _int(gen, *channels), _int(gen, *patch)
-    h = _int(gen, *grid)
-    w = h if square else _int(gen, *grid)
+    c, p = rand_int(gen, *channels), rand_int(gen, *patch)
+    h = rand_int(gen, *grid)
+    w = h if square else rand_int(gen, *grid)
     if not square and w == h and grid[1] > grid[0]:  # keep row-major and column-major apart
         w = grid[0] if h != grid[0] else grid[1]
-    images = torch.randn(_int(gen, *batch), c, h * p, w * p, generator=gen, dtype=dtype)
+    images = torch.randn(rand_int(gen, *batch), c, h * p, w * p, generator=gen, dtype=dtype)
     return {"args": (images, p)}
+
+
+@core.recorded
+def _patchify_mistakes(images: Tensor, p: int) -> dict[str, Any]:
+    """The patches of each mistake of _patchify_hints (stacked)."""
+    batch, c, height, width = images.shape
+    h, w = height // p, width // p
+    grid = images.reshape(batch, c, h, p, w, p)
+    return core.stacked({"channels_first": images.unfold(2, p, p).unfold(3, p, p).reshape(batch, h * w, p * p * c),
+                         "memory_runs": images.reshape(batch, h * w, p * p * c),
+                         "channels_inside": rearrange(grid, "batch c h p1 w p2 -> batch (h w) (c p1 p2)"),
+                         "column_major": rearrange(grid, "batch c h p1 w p2 -> batch (w h) (p1 p2 c)"),
+                         "transposed": rearrange(grid, "batch c h p1 w p2 -> batch (h w) (p2 p1 c)")})
+
+
+def _patchify_hints(c: int) -> dict[str, str]:
+    return {
+        "channels_first": f"your 'patch' 0 holds {c} different image blocks of channel 0, not one block with its {c} "
+        "channels: after unfold (or a reshape to (batch, channels, h, w, p1, p2)) the channel axis is still first, so "
+        "a view/reshape to (batch, patches, values) mixes channels and blocks. Move channels last before flattening "
+        "(einops: 'batch channels (h p1) (w p2) -> batch (h w) (p1 p2 channels)')",
+        "memory_runs": "your patches are consecutive runs of the image's memory, not p×p blocks: a plain view/reshape "
+        "of (batch, channels, height, width) cannot cut blocks. Split height and width into (h p1) and (w p2) and "
+        "move the axes (einops: 'batch channels (h p1) (w p2) -> batch (h w) (p1 p2 channels)')",
+        "channels_inside": "each patch holds the right pixels, flattened as (channels p1 p2) (what F.unfold and a "
+        "reshape of the conv weight give); the documented order is (p1 p2 channels): pixel by pixel, the channels of "
+        "a pixel together",
+        "column_major": "your patches are in column-major order: number them row by row, (h w), so patch 1 is the "
+        "block right of patch 0",
+        "transposed": "each patch is transposed: flatten it row by row, (p1 p2), p1 being the row inside the patch",
+    }
 
 
 def _judge_patchify(inputs: dict, outputs: dict) -> None:
     images, p = inputs["args"]
     batch, c, height, width = images.shape
     h, w = height // p, width // p
-    expected = _blocks(images, p)
+    expected, mistakes = _blocks(images, p), core.unstacked(_patchify_mistakes(images, p))
     out = outputs["out"]
-    if _same(out, expected):
+    if same(out, expected):
         return
-    grid = images.reshape(batch, c, h, p, w, p)
-    mistakes = [
-        (images.unfold(2, p, p).unfold(3, p, p).reshape(batch, h * w, p * p * c),
-         f"your 'patch' 0 holds {c} different image blocks of channel 0, not one block with its {c} channels: "
-         "after unfold (or a reshape to (batch, channels, h, w, p1, p2)) the channel axis is still first, so a "
-         "view/reshape to (batch, patches, values) mixes channels and blocks. Move channels last before flattening "
-         "(einops: 'batch channels (h p1) (w p2) -> batch (h w) (p1 p2 channels)')"),
-        (images.reshape(batch, h * w, p * p * c),
-         "your patches are consecutive runs of the image's memory, not p×p blocks: a plain view/reshape of "
-         "(batch, channels, height, width) cannot cut blocks. Split height and width into (h p1) and (w p2) and move "
-         "the axes (einops: 'batch channels (h p1) (w p2) -> batch (h w) (p1 p2 channels)')"),
-        (rearrange(grid, "batch c h p1 w p2 -> batch (h w) (c p1 p2)"),
-         "each patch holds the right pixels, flattened as (channels p1 p2) (what F.unfold and a reshape of the conv "
-         "weight give); the documented order is (p1 p2 channels): pixel by pixel, the channels of a pixel together"),
-        (rearrange(grid, "batch c h p1 w p2 -> batch (w h) (p1 p2 c)"),
-         "your patches are in column-major order: number them row by row, (h w), so patch 1 is the block right of "
-         "patch 0"),
-        (rearrange(grid, "batch c h p1 w p2 -> batch (h w) (p2 p1 c)"),
-         "each patch is transposed: flatten it row by row, (p1 p2), p1 being the row inside the patch"),
-    ]
-    for wrong, message in mistakes:
-        if _same(out, wrong):
+    for bug, message in _patchify_hints(c).items():
+        if same(out, mistakes[bug]):
             fail(message)
     if isinstance(out, Tensor) and tuple(out.shape) == tuple(expected.shape):
         bad = (out.to(expected.dtype) - expected).abs().flatten(2).amax(-1).amax(0) > 1e-5
@@ -126,9 +110,9 @@ def _judge_patchify(inputs: dict, outputs: dict) -> None:
 
 
 def _indivisible_inputs(gen: torch.Generator, *, only_height: bool = False) -> dict:
-    p = _int(gen, 3, 4)
-    height = p * _int(gen, 2, 3) + _int(gen, 1, p - 1)
-    width = p * _int(gen, 2, 3) + (0 if only_height else _int(gen, 1, p - 1))
+    p = rand_int(gen, 3, 4)
+    height = p * rand_int(gen, 2, 3) + rand_int(gen, 1, p - 1)
+    width = p * rand_int(gen, 2, 3) + (0 if only_height else rand_int(gen, 1, p - 1))
     return {"args": (torch.randn(1, 2, height, width, generator=gen), p)}
 
 
@@ -139,21 +123,44 @@ def _judge_indivisible(inputs: dict, outputs: dict) -> None:
     if outputs["error"] is None:
         fail(f"{what}, but your code returned patches (cropping the image, or a wrong reshape): silently dropping "
              "pixels hides a bug; raise ValueError naming patch_size and the sizes that divide the image")
-    _expect_value_error(outputs, "patch_size", what)
+    expect_value_error(outputs["error"], "patch_size", what, word=False)
 
 
 # --- patch_embedding_from_conv -----------------------------------------------------------------------
 
 
 def _conv_inputs(gen: torch.Generator, *, bias: bool = True, dtype=torch.float32, channels=(2, 3), stride=None) -> dict:
-    c, p = _int(gen, *channels), _int(gen, 2, 3)
-    d_model = _int(gen, 3, 8)
-    h, w = _int(gen, 1, 3), _int(gen, 1, 3)
-    images = torch.randn(_int(gen, 1, 2), c, h * p, w * p, generator=gen, dtype=dtype)
+    c, p = rand_int(gen, *channels), rand_int(gen, 2, 3)
+    d_model = rand_int(gen, 3, 8)
+    h, w = rand_int(gen, 1, 3), rand_int(gen, 1, 3)
+    images = torch.randn(rand_int(gen, 1, 2), c, h * p, w * p, generator=gen, dtype=dtype)
     weight = 0.5 * torch.randn(d_model, c, p, p, generator=gen, dtype=dtype)
     conv = {"kernel_size": p, "stride": p if stride is None else stride}
     return {"weight": weight, "bias": 0.5 * torch.randn(d_model, generator=gen, dtype=dtype) if bias else None,
             "conv": conv, "images": images, "patches": _blocks(images, p)}
+
+
+@core.recorded
+def _conv_weights(weight: Tensor, bias: Tensor | None, patches: Tensor) -> dict[str, Any]:
+    """The Linear's right weight ("weight"), and the outputs of the mistakes of _CONV_MISTAKES these inputs allow
+    ("mistakes", stacked)."""
+    d_model = weight.shape[0]
+    right = rearrange(weight, "d c p1 p2 -> d (p1 p2 c)")
+    mistakes = {"reshaped": F.linear(patches, weight.reshape(d_model, -1), bias),
+                "transposed": F.linear(patches, rearrange(weight, "d c p1 p2 -> d (p2 p1 c)"), bias)}
+    if bias is not None:
+        mistakes["no_bias"] = F.linear(patches, right)
+    return {"weight": right, "mistakes": core.stacked(mistakes)}
+
+
+_CONV_MISTAKES = {
+    "reshaped": "conv.weight.reshape(d_model, -1) flattens each kernel as (channels p1 p2), but patchify flattens a "
+    "patch as (p1 p2 channels): the weights then meet the wrong pixels. Rearrange the weight "
+    "'d_model channels p1 p2 -> d_model (p1 p2 channels)'",
+    "transposed": "your weight rows are transposed inside the kernel: flatten it as (p1 p2 channels), p1 the kernel "
+    "row",
+    "no_bias": "the bias is missing: copy conv.bias into the Linear's bias",
+}
 
 
 def _judge_conv(inputs: dict, outputs: dict) -> None:
@@ -161,53 +168,66 @@ def _judge_conv(inputs: dict, outputs: dict) -> None:
     if not outputs["is_linear"]:
         fail("return an nn.Linear (in_features = p·p·channels, out_features = d_model) with the conv's weights")
     weight, bias, images, patches = inputs["weight"], inputs["bias"], inputs["images"], inputs["patches"]
-    d_model, p = weight.shape[0], weight.shape[-1]
+    p = weight.shape[-1]
     conv_out = F.conv2d(images, weight, bias, stride=p)
     expected = rearrange(conv_out, "batch d_model h w -> batch (h w) d_model")
+    found = _conv_weights(weight, bias, patches)
     out = outputs["out"]
-    if _same(out, expected, 1e-4):
+    if same(out, expected, 1e-4):
         return
     if isinstance(out, Tensor) and out.dtype != expected.dtype:
         fail(f"the conv is {expected.dtype}; your Linear gives {out.dtype}: create it with the conv's dtype and device")
     if bias is None and outputs["bias"] is not None and torch.any(outputs["bias"] != 0):
         fail("this conv has no bias, but your Linear adds one (a random initial bias): use bias=conv.bias is not None")
-    right_weight = rearrange(weight, "d c p1 p2 -> d (p1 p2 c)")
-    if bias is not None and _same(outputs["weight"], right_weight, 1e-6) and not _same(outputs["bias"], bias, 1e-6):
+    if bias is not None and same(outputs["weight"], found["weight"], 1e-6) and not same(outputs["bias"], bias, 1e-6):
         fail("the weight is right but the bias is not the conv's: copy conv.bias into the Linear's bias (a new "
              "nn.Linear starts with a random one)")
-    mistakes = [
-        (F.linear(patches, weight.reshape(d_model, -1), bias),
-         "conv.weight.reshape(d_model, -1) flattens each kernel as (channels p1 p2), but patchify flattens a patch "
-         "as (p1 p2 channels): the weights then meet the wrong pixels. Rearrange the weight "
-         "'d_model channels p1 p2 -> d_model (p1 p2 channels)'"),
-        (F.linear(patches, rearrange(weight, "d c p1 p2 -> d (p2 p1 c)"), bias),
-         "your weight rows are transposed inside the kernel: flatten it as (p1 p2 channels), p1 the kernel row"),
-    ]
-    if bias is not None:
-        mistakes.append((F.linear(patches, rearrange(weight, "d c p1 p2 -> d (p1 p2 c)")),
-                         "the bias is missing: copy conv.bias into the Linear's bias"))
-    _expect(out, expected, "linear(patchify(images)) must equal conv(images) laid out as (batch, patches, d_model)",
-            mistakes, atol=1e-4)
+    outputs_of = core.unstacked(found["mistakes"])
+    mistakes = [(outputs_of[bug], message) for bug, message in _CONV_MISTAKES.items() if bug in outputs_of]
+    expect(out, expected, "linear(patchify(images)) must equal conv(images) laid out as (batch, patches, d_model)",
+           mistakes, atol=1e-4)
 
 
 def _judge_conv_not_patches(inputs: dict, outputs: dict) -> None:
     p, stride = inputs["conv"]["kernel_size"], inputs["conv"]["stride"]
-    _expect_value_error(outputs, "stride", f"a Conv2d with kernel_size={p} and stride={stride} overlaps its "
-                                           "patches, so no Linear on patchify's patches equals it")
+    expect_value_error(outputs["error"], "stride", f"a Conv2d with kernel_size={p} and stride={stride} overlaps its "
+                                                   "patches, so no Linear on patchify's patches equals it", word=False)
 
 
 # --- add_cls_and_positions ----------------------------------------------------------------------------
 
 
 def _cls_inputs(gen: torch.Generator, *, batch=(2, 4), positions_off_by: int = 0) -> dict:
-    b, n, d = _int(gen, *batch), _int(gen, 2, 9), _int(gen, 2, 8)
+    b, n, d = rand_int(gen, *batch), rand_int(gen, 2, 9), rand_int(gen, 2, 8)
     return {"args": (torch.randn(b, n, d, generator=gen), torch.randn(1, 1, d, generator=gen),
                      torch.randn(1, n + 1 + positions_off_by, d, generator=gen))}
 
 
+@core.recorded
+def _cls_outputs(tokens: Tensor, cls: Tensor, positions: Tensor) -> dict[str, Any]:
+    """The right output ("expected"), and the output of each mistake of _CLS_MISTAKES (stacked)."""
+    batch, n = tokens.shape[:2]
+    cls_batch = cls.expand(batch, 1, -1)
+    return core.stacked({"expected": torch.cat([cls_batch, tokens], dim=1) + positions,
+                         "positions_first": torch.cat([cls_batch, tokens + positions[:, :n]], dim=1),
+                         "cls_unplaced": torch.cat([cls_batch, tokens + positions[:, 1:]], dim=1),
+                         "cls_last": torch.cat([tokens, cls_batch], dim=1) + positions,
+                         "no_positions": torch.cat([cls_batch, tokens], dim=1)})
+
+
+_CLS_MISTAKES = {
+    "positions_first": "you added the positions before prepending [CLS]: [CLS] got none and each patch got its left "
+    "neighbour's row. Prepend [CLS] first, then add all 1 + n_patches rows",
+    "cls_unplaced": "[CLS] got no position vector: prepend it first, then add the whole position_embedding, whose row "
+    "0 is [CLS]'s",
+    "cls_last": "[CLS] goes first (position 0), not after the patches",
+    "no_positions": "the position embeddings are missing: add position_embedding to the sequence",
+}
+
+
 def _judge_cls(inputs: dict, outputs: dict) -> None:
     tokens, cls, positions = inputs["args"]
-    batch, n = tokens.shape[:2]
+    batch = tokens.shape[0]
     error = outputs.get("error")
     if error is not None:
         if batch > 1 and "size" in error["message"].lower():
@@ -215,21 +235,9 @@ def _judge_cls(inputs: dict, outputs: dict) -> None:
                  "for the whole batch; expand it over the batch (einops.repeat or .expand(batch, -1, -1)) before "
                  f"concatenating. ({error['message'][:120]})")
         _no_error(outputs)
-    cls_batch = cls.expand(batch, 1, -1)
-    expected = torch.cat([cls_batch, tokens], dim=1) + positions
-    _expect(outputs["out"], expected, "the output must be [CLS] followed by the patches, plus one position vector "
-                                      "per token (row 0 for [CLS])", [
-        (torch.cat([cls_batch, tokens + positions[:, :n]], dim=1),
-         "you added the positions before prepending [CLS]: [CLS] got none and each patch got its left neighbour's "
-         "row. Prepend [CLS] first, then add all 1 + n_patches rows"),
-        (torch.cat([cls_batch, tokens + positions[:, 1:]], dim=1),
-         "[CLS] got no position vector: prepend it first, then add the whole position_embedding, whose row 0 is "
-         "[CLS]'s"),
-        (torch.cat([tokens, cls_batch], dim=1) + positions,
-         "[CLS] goes first (position 0), not after the patches"),
-        (torch.cat([cls_batch, tokens], dim=1),
-         "the position embeddings are missing: add position_embedding to the sequence"),
-    ])
+    found = core.unstacked(_cls_outputs(tokens, cls, positions))
+    expect(outputs["out"], found["expected"], "the output must be [CLS] followed by the patches, plus one position "
+            "vector per token (row 0 for [CLS])", [(found[bug], message) for bug, message in _CLS_MISTAKES.items()])
 
 
 def _cls_grad_inputs(gen: torch.Generator) -> dict:
@@ -256,9 +264,10 @@ def _judge_cls_grad(inputs: dict, outputs: dict) -> None:
 
 def _judge_cls_wrong_positions(inputs: dict, outputs: dict) -> None:
     tokens, _, positions = inputs["args"]
-    _expect_value_error(outputs, "position_embedding",
-                        f"{tokens.shape[1]} patches need 1 + {tokens.shape[1]} position vectors, and "
-                        f"position_embedding has {positions.shape[1]} (a model trained at another image size)")
+    expect_value_error(outputs["error"], "position_embedding",
+                       f"{tokens.shape[1]} patches need 1 + {tokens.shape[1]} position vectors, and "
+                       f"position_embedding has {positions.shape[1]} (a model trained at another image size)",
+                       word=False)
 
 
 # --- VisionTransformer ------------------------------------------------------------------------------
@@ -271,17 +280,17 @@ def _vit_state_shapes(config: tuple) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def _vit_inputs(gen: torch.Generator, *, channels: int = 3, batch=(2, 3), layers=(1, 2), wrong_size: bool = False) -> dict:
-    p, grid = _int(gen, 2, 3), _int(gen, 2, 3)
-    n_heads = [1, 2, 4][_int(gen, 0, 2)]
-    d_model = n_heads * _int(gen, 2, 4)
-    config = (grid * p, p, channels, _int(gen, 3, 6), d_model, _int(gen, *layers), n_heads, 2 * d_model)
+    p, grid = rand_int(gen, 2, 3), rand_int(gen, 2, 3)
+    n_heads = [1, 2, 4][rand_int(gen, 0, 2)]
+    d_model = n_heads * rand_int(gen, 2, 4)
+    config = (grid * p, p, channels, rand_int(gen, 3, 6), d_model, rand_int(gen, *layers), n_heads, 2 * d_model)
     state = {}
     for name, shape in _vit_state_shapes(config):
         noise = torch.randn(shape, generator=gen)
         # LayerNorm scales near 1, everything else random: [CLS], positions and the head are not zero.
         state[name] = 1.0 + 0.2 * noise if "norm" in name and name.endswith("weight") else 0.3 * noise
     size = grid * p + (1 if wrong_size else 0)
-    images = torch.randn(_int(gen, *batch), channels, size, size, generator=gen)
+    images = torch.randn(rand_int(gen, *batch), channels, size, size, generator=gen)
     return {"init_args": config, "state": state, "args": (images,)}
 
 
@@ -311,8 +320,9 @@ def _torchvision_model(inputs: dict) -> nn.Module:
 
 
 @core.recorded
-def _vit_variants(inputs: dict) -> dict[str, Tensor]:
-    """The reference's logits and those of the known mistakes of the forward pass, from the reference's pieces."""
+def _vit_variants(inputs: dict) -> dict[str, Any]:
+    """The reference's logits and those of the known mistakes of the forward pass, from the reference's pieces
+    (stacked)."""
     model = reference.VisionTransformer(*inputs["init_args"])
     model.load_state_dict(inputs["state"])
     model.eval()
@@ -328,7 +338,7 @@ def _vit_variants(inputs: dict) -> dict[str, Tensor]:
         tokens = model.patch_embedding(model.patchify(images))
         without_positions = torch.cat([model.cls_token.expand(len(images), 1, -1), tokens], dim=1)
         h = encode(embedded)
-        return {
+        return core.stacked({
             "reference": model.head(model.norm(h)[:, 0]),
             "last_token": model.head(model.norm(h)[:, -1]),
             "mean_all": model.head(model.norm(h).mean(1)),
@@ -336,7 +346,7 @@ def _vit_variants(inputs: dict) -> dict[str, Tensor]:
             "no_final_norm": model.head(h[:, 0]),
             "no_positions": model.head(model.norm(encode(without_positions))[:, 0]),
             "no_blocks": model.head(model.norm(embedded)[:, 0]),
-        }
+        })
 
 
 _VIT_MISTAKES = {
@@ -354,16 +364,16 @@ _VIT_MISTAKES = {
 def _judge_vit(inputs: dict, outputs: dict) -> None:
     _no_error(outputs)
     channels = inputs["init_args"][2]
-    variants = _vit_variants(inputs)
+    variants = core.unstacked(_vit_variants(inputs))
     if channels == 3:
         with torch.no_grad():
             expected = _torchvision_model(inputs)(*inputs["args"])
     else:
         expected = variants["reference"]
     out = outputs["out"]
-    if not _same(out, expected, 1e-4):
+    if not same(out, expected, 1e-4):
         for bug, message in _VIT_MISTAKES.items():
-            if _same(out, variants[bug], 1e-4):
+            if same(out, variants[bug], 1e-4):
                 fail(message)
     expect_close(out, expected, "the logits differ from torchvision's VisionTransformer with the same weights: "
                                 "embed, every block, the final norm, then the head on the [CLS] token", atol=1e-4)
@@ -372,8 +382,9 @@ def _judge_vit(inputs: dict, outputs: dict) -> None:
 def _judge_vit_wrong_size(inputs: dict, outputs: dict) -> None:
     size = inputs["init_args"][0]
     (images,) = inputs["args"]
-    _expect_value_error(outputs, "images", f"a model built for {size}×{size} images was given "
-                                           f"{images.shape[-2]}×{images.shape[-1]} images (call self._check_images)")
+    expect_value_error(outputs["error"], "images", f"a model built for {size}×{size} images was given "
+                                                   f"{images.shape[-2]}×{images.shape[-1]} images (call "
+                                                   "self._check_images)", word=False)
 
 
 # --- vit_parameter_count ------------------------------------------------------------------------------
@@ -392,11 +403,11 @@ def _count_inputs(gen: torch.Generator, *, kind: str) -> dict:
     if kind == "b16":
         return {"args": _NAMED_SIZES[0]}
     if kind == "named":
-        return {"args": _NAMED_SIZES[_int(gen, 1, len(_NAMED_SIZES) - 1)]}
-    p, grid, n_heads = _int(gen, 2, 8), _int(gen, 2, 7), _int(gen, 1, 4)
-    channels = _int(gen, 1, 4) if kind == "channels" else 3
-    return {"args": (p * grid, p, channels, _int(gen, 2, 20), n_heads * _int(gen, 2, 16), _int(gen, 1, 4), n_heads,
-                     _int(gen, 4, 64))}
+        return {"args": _NAMED_SIZES[rand_int(gen, 1, len(_NAMED_SIZES) - 1)]}
+    p, grid, n_heads = rand_int(gen, 2, 8), rand_int(gen, 2, 7), rand_int(gen, 1, 4)
+    channels = rand_int(gen, 1, 4) if kind == "channels" else 3
+    return {"args": (p * grid, p, channels, rand_int(gen, 2, 20), n_heads * rand_int(gen, 2, 16), rand_int(gen, 1, 4),
+                     n_heads, rand_int(gen, 4, 64))}
 
 
 @core.recorded
@@ -445,9 +456,9 @@ def _judge_count(inputs: dict, outputs: dict) -> None:
 
 def _count_bad_inputs(gen: torch.Generator, *, what: str) -> dict:
     if what == "patch_size":
-        p = _int(gen, 3, 7)
-        return {"args": (p * _int(gen, 2, 5) + 1, p, 3, 10, 64, 2, 4, 128)}
-    n_heads = _int(gen, 5, 7)
+        p = rand_int(gen, 3, 7)
+        return {"args": (p * rand_int(gen, 2, 5) + 1, p, 3, 10, 64, 2, 4, 128)}
+    n_heads = rand_int(gen, 5, 7)
     return {"args": (32, 8, 3, 10, n_heads * 8 + 2, 2, n_heads, 128)}
 
 
@@ -455,36 +466,30 @@ def _judge_count_bad(inputs: dict, outputs: dict, *, argument: str) -> None:
     image_size, p, *_, d_model, _, n_heads, _ = inputs["args"]
     what = (f"image_size={image_size} is not divisible by patch_size={p}" if argument == "patch_size"
             else f"d_model={d_model} is not divisible by n_heads={n_heads}")
-    _expect_value_error(outputs, argument, what)
+    expect_value_error(outputs["error"], argument, what, word=False)
 
 
 # --- interpolate_position_embeddings -------------------------------------------------------------------
 
 
 def _interp_inputs(gen: torch.Generator, *, grow: bool | None = True, dtype=torch.float32) -> dict:
-    old = _int(gen, 2, 4)
+    old = rand_int(gen, 2, 4)
     if grow is None:
         new = old
     elif grow:
-        new = old + _int(gen, 1, 3)
+        new = old + rand_int(gen, 1, 3)
     else:
         old += 2
-        new = _int(gen, 2, old - 1)
-    d = _int(gen, 2, 6)
+        new = rand_int(gen, 2, old - 1)
+    d = rand_int(gen, 2, 6)
     return {"args": (torch.randn(1, 1 + old * old, d, generator=gen, dtype=dtype), new)}
 
 
-def _judge_interp(inputs: dict, outputs: dict) -> None:
-    positions, new = inputs["args"]
+@core.recorded
+def _interp_mistakes(positions: Tensor, new: int) -> dict[str, Any]:
+    """The table each mistake of _INTERP_MISTAKES gives (stacked)."""
     d = positions.shape[-1]
     old = int(round((positions.shape[1] - 1) ** 0.5))
-    # torchvision's own function, on a throw-away state dict (it edits the dict it is given).
-    patch = 4
-    expected = tv.interpolate_embeddings(new * patch, patch, OrderedDict({"encoder.pos_embedding": positions}))[
-        "encoder.pos_embedding"]
-    out = outputs["out"]
-    if _same(out, expected, 1e-5):
-        return
     cls, grid = positions[:, :1], positions[:, 1:]
     image = rearrange(grid, "1 (h w) d -> 1 d h w", h=old)
 
@@ -495,41 +500,61 @@ def _judge_interp(inputs: dict, outputs: dict) -> None:
         return torch.cat([cls, rearrange(image_, "1 d h w -> 1 (h w) d")], dim=1)
 
     whole = F.interpolate(positions.transpose(1, 2), size=1 + new * new, mode="linear", align_corners=True)
-    scrambled = ("you reshaped between (1, n_patches, d_model) and (1, d_model, h, w) without moving the axes, which "
-                 "scrambles features and positions: move d_model first (rearrange '1 (h w) d_model -> 1 d_model h w') "
-                 "and back the same way")
-    mistakes = [
-        (back(resized("bicubic", True, grid.reshape(1, d, old, old))), scrambled),
-        (torch.cat([cls, resized("bicubic", True, grid.reshape(1, d, old, old)).reshape(1, new * new, d)], dim=1),
-         scrambled),
-        (whole.transpose(1, 2),
-         "you interpolated the table as one 1-D sequence, [CLS] included: the patch positions are a 2-D h×w grid; "
-         "keep row 0 ([CLS]) apart and resize the grid in both directions"),
-        (back(resized("bicubic", False)),
-         "use align_corners=True (torchvision's convention for ViT checkpoints): the grid's corner positions stay "
-         "exactly at the corners"),
-        (back(resized("bilinear", True)), "use mode='bicubic', as torchvision does for ViT checkpoints"),
-        (torch.cat([cls, rearrange(resized("bicubic", True), "1 d h w -> 1 (w h) d")], dim=1),
-         "flatten the resized grid back row by row, (h w), the order patchify numbers the patches"),
-    ]
+    viewed = resized("bicubic", True, grid.reshape(1, d, old, old))
+    return core.stacked({
+        "viewed": back(viewed), "viewed_both_ways": torch.cat([cls, viewed.reshape(1, new * new, d)], dim=1),
+        "one_sequence": whole.transpose(1, 2), "corners": back(resized("bicubic", False)),
+        "bilinear": back(resized("bilinear", True)),
+        "column_major": torch.cat([cls, rearrange(resized("bicubic", True), "1 d h w -> 1 (w h) d")], dim=1)})
+
+
+_SCRAMBLED = ("you reshaped between (1, n_patches, d_model) and (1, d_model, h, w) without moving the axes, which "
+              "scrambles features and positions: move d_model first (rearrange '1 (h w) d_model -> 1 d_model h w') "
+              "and back the same way")
+_INTERP_MISTAKES = {
+    "viewed": _SCRAMBLED,
+    "viewed_both_ways": _SCRAMBLED,
+    "one_sequence": "you interpolated the table as one 1-D sequence, [CLS] included: the patch positions are a 2-D "
+    "h×w grid; keep row 0 ([CLS]) apart and resize the grid in both directions",
+    "corners": "use align_corners=True (torchvision's convention for ViT checkpoints): the grid's corner positions "
+    "stay exactly at the corners",
+    "bilinear": "use mode='bicubic', as torchvision does for ViT checkpoints",
+    "column_major": "flatten the resized grid back row by row, (h w), the order patchify numbers the patches",
+}
+
+
+def _judge_interp(inputs: dict, outputs: dict) -> None:
+    positions, new = inputs["args"]
+    d = positions.shape[-1]
+    old = int(round((positions.shape[1] - 1) ** 0.5))
+    # torchvision's own function, on a throw-away state dict (it edits the dict it is given).
+    patch = 4
+    expected = tv.interpolate_embeddings(new * patch, patch, OrderedDict({"encoder.pos_embedding": positions}))[
+        "encoder.pos_embedding"]
+    found = core.unstacked(_interp_mistakes(positions, new))
+    out = outputs["out"]
+    if same(out, expected, 1e-5):
+        return
+    cls = positions[:, :1]
+    mistakes = [(found[bug], message) for bug, message in _INTERP_MISTAKES.items()]
     if isinstance(out, Tensor) and tuple(out.shape) == (1, new * new, d):
         fail(f"keep [CLS]'s position (row 0) in front: expected shape (1, {1 + new * new}, {d})")
     if isinstance(out, Tensor) and tuple(out.shape) == tuple(expected.shape) and not torch.allclose(
             out[:, :1].to(cls.dtype), cls):
         fail("row 0 belongs to [CLS], which has no place on the grid: keep it unchanged and resize only the patch rows")
-    _expect(out, expected, f"resize the {old}×{old} grid of patch positions to {new}×{new} (bicubic, corners "
-                           "aligned) and keep [CLS]'s row in front", mistakes)
+    expect(out, expected, f"resize the {old}×{old} grid of patch positions to {new}×{new} (bicubic, corners "
+                          "aligned) and keep [CLS]'s row in front", mistakes)
 
 
 def _interp_bad_inputs(gen: torch.Generator) -> dict:
-    side = _int(gen, 2, 4)
-    return {"args": (torch.randn(1, 1 + side * side + _int(gen, 1, side), 4, generator=gen), side + 1)}
+    side = rand_int(gen, 2, 4)
+    return {"args": (torch.randn(1, 1 + side * side + rand_int(gen, 1, side), 4, generator=gen), side + 1)}
 
 
 def _judge_interp_bad(inputs: dict, outputs: dict) -> None:
     positions = inputs["args"][0]
-    _expect_value_error(outputs, "position_embedding",
-                        f"{positions.shape[1] - 1} patch positions do not make a square grid")
+    expect_value_error(outputs["error"], "position_embedding",
+                       f"{positions.shape[1] - 1} patch positions do not make a square grid", word=False)
 
 
 CHECKS: dict[str, Check] = {

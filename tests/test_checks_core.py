@@ -1,0 +1,67 @@
+"""The helpers every checks module judges with (autograder/checks/core.py): each behaves as its callers rely on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autograder.checks import core
+
+
+def test_rand_int_is_inclusive_and_draws_one_number_from_the_generator():
+    gen = torch.Generator().manual_seed(0)
+    drawn = {core.rand_int(gen, 2, 4) for _ in range(200)}
+    assert drawn == {2, 3, 4}
+    a, b = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    core.rand_int(a, 0, 10)
+    torch.randint(0, 11, (1,), generator=b)  # the same draw as a one-element tensor: the seeds' cases do not move
+    assert torch.equal(a.get_state(), b.get_state())
+
+
+def test_same_takes_the_dtype_as_asked():
+    x = torch.tensor([1.0, 2.0, float("nan")])
+    assert core.same(x, x.clone())  # "equal": NaN matches NaN
+    assert not core.same(x.double(), x)
+    assert not core.same(x, x, dtype="cast")  # compared in the expected dtype, NaN is not equal
+    ints = torch.tensor([1, 2, 3])
+    assert core.same(ints, ints.float(), dtype="cast")
+    assert not core.same(ints, ints.float(), dtype="kind")
+    assert core.same(ints.double(), ints.float(), dtype="kind")
+    assert not core.same([1.0, 2.0, 3.0], ints.float(), dtype="cast")
+    assert not core.same(ints.float()[:2], ints.float(), dtype="cast")
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        core.same(ints, ints, dtype="close")
+
+
+def test_expect_names_the_first_known_mistake_the_output_is():
+    expected = torch.arange(4.0)
+    mistakes = [(expected.flip(0), "reversed"), (expected.flip(0), "also reversed"), (expected + 1, "shifted")]
+    core.expect(expected.clone(), expected, "wrong", mistakes)  # the answer passes
+    with pytest.raises(core.CheckFailed, match="^reversed$"):
+        core.expect(expected.flip(0), expected, "wrong", mistakes)
+    with pytest.raises(core.CheckFailed, match="^wrong"):
+        core.expect(expected * 3, expected, "wrong", mistakes)
+
+
+@pytest.mark.parametrize("word", [True, False])
+def test_expect_value_error_needs_a_value_error_naming_the_argument(word):
+    core.expect_value_error({"type": "ValueError", "message": "patch_size=3 does not divide 8"}, "patch_size",
+                            "8 by 3", word=word)
+    for error, said in ((None, "returned a result"), ({"type": "TypeError", "message": "bad"}, "raise a ValueError"),
+                        ({"type": "ValueError", "message": "bad size"}, "should name patch_size")):
+        with pytest.raises(core.CheckFailed, match=said):
+            core.expect_value_error(error, "patch_size", "8 by 3", word=word)
+    inside = {"type": "ValueError", "message": "patch_sizes must divide the image"}
+    if word:
+        with pytest.raises(core.CheckFailed, match="should name patch_size"):
+            core.expect_value_error(inside, "patch_size", "8 by 3")
+    else:
+        core.expect_value_error(inside, "patch_size", "8 by 3", word=False)
+
+
+def test_stacked_is_one_tensor_and_unstacked_gives_the_tensors_back():
+    tensors = {"a": torch.randn(2, 3), "b": torch.randn(2, 3, dtype=torch.float64)}
+    table = core.stacked(tensors, torch.float64)
+    assert [type(v) for v in table.values()] == [list, torch.Tensor] and table["values"].shape == (2, 2, 3)
+    back = core.unstacked(table)
+    assert list(back) == ["a", "b"] and all(torch.equal(back[k], tensors[k].double()) for k in tensors)
