@@ -484,7 +484,7 @@ def _grad_inputs(d_heads: tuple[int, ...], *, scaled: bool, dtype: torch.dtype =
     return inputs
 
 
-def _grad_norm_of(args: tuple, *, scale: float, wrt: int = 1, reduction: str = "mean", detach_q: bool = False) -> float:
+def _grad_norm_of(args: tuple, *, scale: float, wrt: int = 1, reduction: str = "mean") -> float:
     """‖∂L/∂W‖ in float64 for the weight ``args[wrt]`` (1 = W_Q, 2 = W_K), recomputed here with plain torch."""
     x, w_q, w_k, w_v, target = (t.double() for t in args)
     leaf = (w_q, w_k)[wrt - 1].clone().requires_grad_(True)
