@@ -557,3 +557,30 @@ def test_runner_error_kind_by_class_not_by_name():
     assert runner._error_kind(OSError(errno_.ENOMEM, "Cannot allocate memory")) == "memory"
     assert runner._error_kind(OSError(errno_.ENOENT, "Cannot allocate memory")) == "raised"
     assert runner._error_kind(type("MemoryError", (Exception,), {})()) == "raised"
+
+
+# --- the gradebook follows the registry's points ----------------------------------------------------
+
+
+def test_gradebook_sets_the_max_score_of_an_existing_grade_cell_to_the_registry_points(tmp_path):
+    """A gradebook made when an exercise was worth other points (or by hand) gets the registry's points,
+    so nbgrader's totals agree with grades.csv."""
+    from nbgrader.api import Gradebook
+
+    from autograder import gradebook, verdict
+
+    url = f"sqlite:///{tmp_path / 'gradebook.db'}"
+    book = gradebook.Recorder(url)  # puts this Python's alembic on PATH, which a new gradebook needs
+    first = CH1.exercises[0]
+    with Gradebook(url) as gb:
+        gb.update_or_create_assignment(CH1.id)
+        gb.update_or_create_notebook(CH1.id, CH1.id)
+        gb.update_or_create_grade_cell(f"{first.name}_tests", CH1.id, CH1.id, max_score=first.points + 5.0,
+                                       cell_type="code")
+    rows = verdict.rows_for_all(CH1, "passed", "")
+    book.record({"student": "alice", "submission": f"alice/{NB}", "chapter": CH1.id, "sha256": "0" * 64,
+                 "rows": rows, "retry": False, "kind": "graded"})
+    with Gradebook(url) as gb:
+        cells = {c.name: c.max_score for c in gb.find_notebook(CH1.id, CH1.id).grade_cells}
+        assert cells == {f"{ex.name}_tests": float(ex.points) for ex in CH1.exercises}
+        assert gb.find_submission(CH1.id, "alice").score == CH1.points
