@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -109,6 +110,15 @@ def test_hostile_batch_exact_points_and_statuses(batch):
                 wrong.append(f"{student!r} {exercise}: {found[0]['status']} ({found[0]['reason'][:160]}), "
                              f"expected {status}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_hostile_batch_static_pass_on_a_huge_cell_is_quick(batch):
+    """A 420 KB cell: the static pass parses each cell once and walks it once (it took 6 s of CPU when every
+    exercise parsed every cell again), as the grader reports it for that notebook."""
+    reported = _reported(batch["result"].stderr)
+    assert reported["huge_cell"]["static"] is not None, reported["huge_cell"]
+    assert reported["huge_cell"]["static"] < 4, reported["huge_cell"]
+    assert reported["control"]["static"] < 4, reported["control"]
 
 
 def test_hostile_batch_duplicates_are_reported_not_counted_twice(batch):
@@ -231,6 +241,21 @@ def test_other_chapters_hidden_checks_and_answers_not_yet_due_never_reach_the_re
         tail = Path(f).read_text()[-200:].replace("\n", " ").strip()
         assert tail[-40:] not in reasons, f"{f} reached the feedback: {reasons[:300]}"
     assert [r["status"] for r in rows if r["exercise"] == "padding_mask"] == ["error"]
+
+
+PROGRESS = re.compile(r"^\[\d+/\d+\] (?P<student>.+?): .*: [\d.]+/[\d.]+ in (?P<seconds>[\d.]+) s"
+                      r"(?: \(static pass (?P<static>[\d.]+) s CPU\))?$")
+
+
+def _reported(stderr: bytes) -> dict[str, dict[str, float]]:
+    """Student -> the seconds the grader reports on its progress line for that student's notebook."""
+    found = {}
+    for line in stderr.decode(errors="replace").splitlines():
+        m = PROGRESS.match(line)
+        if m:
+            found[m["student"]] = {"seconds": float(m["seconds"]),
+                                   "static": float(m["static"]) if m["static"] else None}
+    return found
 
 
 def test_kernel_that_cannot_start_gives_every_exercise_one_status_at_once(tmp_path):

@@ -273,6 +273,82 @@ def test_honesty_pass_is_linear_in_the_cell_size():
     assert large < 20 * max(small, 0.01), (small, large)  # 8x the size: far below the 64x of a quadratic pass
 
 
+def test_honesty_pass_is_linear_in_the_depth_of_attribute_chains():
+    """``x.softmax.softmax…`` (each link an attribute of the previous one): the same amount of code in a few
+    deep chains costs what it costs in many shallow ones (walking down each link's chain again was quadratic)."""
+    def seconds(depth: int, chains: int) -> float:
+        cell = "def padding_mask(tokens, pad_id):\n" + "".join(
+            f"    y{i} = tokens{'.softmax' * depth}\n" for i in range(chains)) + "    return tokens\n"
+        started = time.process_time()
+        honesty.delegation([cell, "import torch"], "padding_mask", ("*softmax*",), ("solutions.attention",))
+        return time.process_time() - started
+
+    shallow, deep = seconds(25, 800), seconds(2500, 8)  # about 160 KB each
+    assert deep < 5 * max(shallow, 0.01), (shallow, deep)
+
+
+def test_static_pass_parses_each_code_cell_once_per_notebook(monkeypatch):
+    """Not once per exercise: the cells are parsed once and every exercise is judged on what they hold."""
+    from autograder import verdict
+
+    parsed = []
+    real_parse = honesty.parse
+
+    def counting_parse(source):
+        parsed.append(source)
+        return real_parse(source)
+
+    def no_kernel(self):
+        raise sandbox.RunnerDied("start", "the kernel could not start: none in this test")
+
+    monkeypatch.setattr(honesty, "parse", counting_parse)
+    monkeypatch.setattr(sandbox.Runner, "start", no_kernel)
+    nb = json.loads((registry.COURSE_DIR / CH1.id / NB).read_bytes())
+    code_cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    rows = verdict.grade_notebook(json.dumps(nb).encode(), CH1)
+    assert {r["status"] for r in rows} == {"crashed"}
+    assert len(parsed) == len(code_cells) == len(set(parsed)), (len(parsed), len(code_cells))
+
+
+def test_notebook_with_more_code_than_the_static_pass_reads_is_invalid_at_once(monkeypatch):
+    """More than 1 MB of code in all cells: every exercise `invalid`, with a reason that quotes nothing from the
+    file, and neither the static pass nor a kernel runs."""
+    from autograder import verdict
+
+    monkeypatch.setattr(honesty, "parse", lambda source: pytest.fail("the static pass ran"))
+    monkeypatch.setattr(sandbox.Runner, "start", lambda self: pytest.fail("a kernel was started"))
+    nb = json.loads((registry.COURSE_DIR / CH1.id / NB).read_bytes())
+    filler = "# SECRET-FILLER " + "y" * 1000 + "\n"
+    nb["cells"].append({"cell_type": "code", "id": "filler", "metadata": {}, "execution_count": None, "outputs": [],
+                        "source": filler * (verdict.MAX_CODE_BYTES // len(filler) + 1)})
+    started = time.monotonic()
+    rows = verdict.grade_notebook(json.dumps(nb).encode(), CH1)
+    assert time.monotonic() - started < 30
+    assert [r["exercise"] for r in rows] == [ex.name for ex in CH1.exercises]
+    assert {r["status"] for r in rows} == {"invalid"}
+    assert all(f"more than the {verdict.MAX_CODE_BYTES} bytes the grader reads" in r["reason"] for r in rows)
+    assert not any("SECRET" in r["reason"] or "yyy" in r["reason"] for r in rows)
+
+
+def test_the_notebook_deadline_includes_the_static_pass(monkeypatch):
+    """A static pass that takes the whole notebook's time leaves none for the kernel: every exercise
+    `timeout`, and no kernel is started."""
+    from autograder import verdict
+
+    real_flags = verdict.static_flags
+
+    def slow_flags(chapter, code):
+        time.sleep(2.5)
+        return real_flags(chapter, code)
+
+    monkeypatch.setattr(verdict, "static_flags", slow_flags)
+    monkeypatch.setattr(sandbox.Runner, "start", lambda self: pytest.fail("a kernel was started"))
+    data = (registry.COURSE_DIR / CH1.id / NB).read_bytes()
+    rows = verdict.grade_notebook(data, CH1, limits=sandbox.Limits(notebook_seconds=2))
+    assert {r["status"] for r in rows} == {"timeout"}, rows
+    assert all("longer than its 2 s limit" in r["reason"] for r in rows)
+
+
 @pytest.mark.parametrize("dodge", [
     ["import torch.nn.functional as F\n_sm = F.softmax", "def softmax(x, dim=-1):\n    return _sm(x, dim)"],
     ["import torch\ndef softmax(x, dim=-1):\n    return getattr(torch, 'softmax')(x, dim)"],
@@ -282,6 +358,36 @@ def test_honesty_pass_is_linear_in_the_cell_size():
 ])
 def test_honesty_static_pass_flags_dodges(dodge):
     assert honesty.delegation(dodge, "softmax", ("*softmax*", "softmin"), ("solutions.attention",))
+
+
+@pytest.mark.parametrize("dodge", [
+    "from torch._C import DisableTorchFunction\ndef softmax(x, dim=-1):\n    with DisableTorchFunction():\n"
+    "        return x.exp() / x.exp().sum(dim, keepdim=True)",
+    "import torch\ndef softmax(x, dim=-1):\n    with getattr(torch._C, 'DisableTorchFunction')():\n        return x",
+    "import torch.utils._python_dispatch as d\ndef softmax(x, dim=-1):\n    with d._disable_current_modes():\n"
+    "        return x",
+    "import sys\ndef softmax(x, dim=-1):\n    sys.setprofile(None)\n    return x",
+    "def softmax(x, dim=-1):\n    switch = '_pop_torch_dispatch_stack'\n    return x",
+])
+def test_honesty_static_pass_flags_what_switches_the_guard_off(dodge):
+    """The names of the switches that turn the run-time guard off, as identifiers and inside any string."""
+    why = honesty.delegation([dodge], "softmax", ("*softmax*",), ("solutions.attention",))
+    assert why and "switches off the checks' watch" in why, why
+
+
+def test_honesty_static_pass_flags_a_dotted_forbidden_function_however_imported():
+    forbidden = ("torchvision.models.vision_transformer.interpolate_embeddings",)
+    for cells in (["from torchvision.models.vision_transformer import interpolate_embeddings as ie",
+                   "def interpolate_position_embeddings(p, g):\n    return ie(224, 16, {'e': p})"],
+                  ["import torchvision.models.vision_transformer as vt\n"
+                   "def interpolate_position_embeddings(p, g):\n"
+                   "    return vt.interpolate_embeddings(224, 16, {'e': p})"],
+                  ["import torchvision\ndef interpolate_position_embeddings(p, g):\n"
+                   "    return getattr(torchvision.models.vision_transformer, 'interpolate_embeddings')(224, 16, p)"]):
+        assert honesty.delegation(cells, "interpolate_position_embeddings", forbidden, ()), cells
+    honest = ["import torchvision\nvit = torchvision.models.vit_b_16",  # the chapter's own demo cells
+              "def interpolate_position_embeddings(p, g):\n    return p"]
+    assert honesty.delegation(honest, "interpolate_position_embeddings", forbidden, ()) is None
 
 
 # --- cleanup never follows a link and never recurses ---------------------------------------------
