@@ -304,6 +304,10 @@ def _stopped_or_gone(pid: int) -> bool:
     return state in (b"T", b"t", b"Z", b"X")
 
 
+# (isolation level, memory limit) -> why no kernel can start with them, in this process
+_START_FAILURES: dict[tuple, str] = {}
+
+
 @dataclass
 class Runner:
     """One sandboxed runner process; :meth:`start` (again after a kill), :meth:`request`, :meth:`close`."""
@@ -356,9 +360,19 @@ class Runner:
             return ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"] + runner, env
         return runner, env
 
+    def _start_key(self) -> tuple:
+        return self.level, self.limits.memory_bytes
+
     def start(self) -> None:
-        """(Re)start the runner with fresh scratch space; RunnerDied("start", why) if it cannot start."""
+        """(Re)start the runner with fresh scratch space; RunnerDied("start", why) if it cannot start.
+
+        A kernel that could not start within the memory limit will not start within it later
+        either: this process then says so at once for every later notebook, without trying again.
+        """
         self.kill()
+        known = _START_FAILURES.get(self._start_key())
+        if known is not None:
+            raise RunnerDied("start", f"the kernel could not start: {known}")
         uid = self._uid()
         cwd = self._fresh_scratch(uid)
         cmd, env = self._command(uid, cwd)
@@ -379,9 +393,10 @@ class Runner:
         if ready.get("ready") is not True:
             self.kill()
             why = str(ready.get("error", ""))[:200]
-            if "MemoryError" in why or "allocate" in why:
+            if ready.get("kind") == "memory":
                 why = (f"it cannot work within the memory limit of {self.limits.memory_bytes / 2**30:g} GB "
                        "(address space; PyTorch alone maps about 3.5 GB): raise --memory-gb")
+                _START_FAILURES[self._start_key()] = why
             raise RunnerDied("start", f"the kernel could not start: {why}")
         pid = ready.get("pid")
         self._runner_pid = pid if type(pid) is int else None

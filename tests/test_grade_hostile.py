@@ -259,19 +259,23 @@ def _reported(stderr: bytes) -> dict[str, dict[str, float]]:
 
 
 def test_kernel_that_cannot_start_gives_every_exercise_one_status_at_once(tmp_path):
-    subs = tmp_path / "submissions" / "alice"
-    subs.mkdir(parents=True)
-    nbformat.write(redteam.solved(CH1, REPO / "autograder" / "source"), subs / NB)
+    """Issue 8: "a runner that cannot start (e.g. --memory-gb 1) gives every exercise a clear status in
+    under 10 s" — per notebook, as the grader itself reports it (not the command's own start-up)."""
+    for student in ("alice", "bob"):
+        (tmp_path / "submissions" / student).mkdir(parents=True)
+        nbformat.write(redteam.solved(CH1, REPO / "autograder" / "source"), tmp_path / "submissions" / student / NB)
     (tmp_path / "out").mkdir()
-    started = time.monotonic()
     result = _grade(tmp_path / "submissions", tmp_path / "out", "--memory-gb", "1", "--jobs", "1")
-    seconds = time.monotonic() - started
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
     rows = record.read_csv(tmp_path / "out" / "grades.csv")
-    assert {r["status"] for r in rows} == {"crashed"} and all("could not start" in r["reason"] for r in rows)
-    assert len(rows) == len(registry.get(CH1).exercises)
-    assert seconds < 150, f"{seconds:.0f} s: a kernel that cannot start must not be retried until the deadline"
-    # Not cached as graded: a rerun (e.g. with more memory) grades it again.
+    assert {r["status"] for r in rows} == {"crashed"}
+    assert all("could not start" in r["reason"] and "memory limit of 1 GB" in r["reason"] for r in rows), rows
+    assert len(rows) == 2 * len(registry.get(CH1).exercises)
+    reported = _reported(result.stderr)
+    assert set(reported) == {"alice", "bob"}, result.stderr.decode(errors="replace")[-2000:]
+    for student, timing in reported.items():
+        assert timing["seconds"] < 10, f"{student}: {timing['seconds']} s"
+    # Not cached as graded: a rerun (e.g. with more memory) grades them again.
     again = _grade(tmp_path / "submissions", tmp_path / "out", "--jobs", "1")
     assert b"already graded" not in again.stderr
     assert {r["status"] for r in record.read_csv(tmp_path / "out" / "grades.csv")} == {"passed"}
