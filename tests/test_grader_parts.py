@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -485,6 +486,41 @@ def test_hidden_paths_every_checks_module_and_the_answers_not_yet_due(chapter):
         assert other.checks_file() in hidden, other.checks
         for f in other.answer_files():
             assert (f in hidden) == (other.number >= chapter.number), (other.id, f)
+
+
+def test_selfcheck_kernel_that_stops_reading_its_input_times_out_on_a_large_cell():
+    """`autograder check` (its kernel at its own isolation level and limits) shares the grader's writes: a kernel
+    that stops reading its input while a 300 KB cell is written to it is a timeout, not a hang."""
+    from autograder import selfcheck
+
+    runner = sandbox.Runner(selfcheck.limits(5.0), level=selfcheck.ISOLATION, unprivileged=False)
+    runner.start()
+    try:
+        stop_reading = "import os\n_keep = os.dup(0)\n_r, _w = os.pipe()\nos.dup2(_r, 0)\n"
+        assert runner.request({"op": "cell", "source": stop_reading}, 60)["ok"] is True
+        outcome: list = []
+
+        def send_large_cell():
+            try:
+                outcome.append(runner.request({"op": "cell", "source": "# " + "x" * 300_000 + "\nx = 1\n"}, 5.0))
+            except sandbox.RunnerDied as died:
+                outcome.append(died)
+
+        started = time.monotonic()
+        sender = threading.Thread(target=send_large_cell, daemon=True)
+        sender.start()
+        sender.join(60)  # a write without a deadline would block here for ever
+        seconds = time.monotonic() - started
+        if sender.is_alive():
+            runner.kill()  # unblocks the write, so that the test ends
+            pytest.fail("writing a large cell to a kernel that stopped reading hangs")
+        died = outcome[0]
+        assert isinstance(died, sandbox.RunnerDied) and died.kind == "timeout", died
+        assert "stopped reading its input" in str(died), died
+        assert seconds < 30, f"{seconds:.0f} s for a 5 s deadline"
+        assert runner.proc is None  # the kernel was stopped
+    finally:
+        runner.close()
 
 
 # --- processes left behind: killed after every request, however they move ---------------------------
