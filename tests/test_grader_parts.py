@@ -523,6 +523,38 @@ def test_selfcheck_kernel_that_stops_reading_its_input_times_out_on_a_large_cell
         runner.close()
 
 
+# --- bubblewrap older than 0.8: said, with what is lost -----------------------------------------------------
+
+
+@pytest.mark.parametrize("printed,version", [("bubblewrap 0.6.1", (0, 6, 1)), ("bubblewrap 0.4.0", (0, 4, 0)),
+                                             ("bubblewrap 0.8.0", (0, 8, 0)), ("bubblewrap 0.11.1", (0, 11, 1))])
+def test_bwrap_version_is_read_and_an_old_one_is_named_in_the_warning(tmp_path, monkeypatch, printed, version):
+    """A stub `bwrap` first on PATH prints a version: below 0.8 (no --size) the warning names it and says what
+    the instructor loses (file-system hiding, the total disk cap); at 0.8 and later it does not blame the version."""
+    stub = tmp_path / "bwrap"
+    stub.write_text(f"#!/bin/sh\necho '{printed}'\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert sandbox.bwrap_version() == version
+    for level in ("unshare", "none"):
+        text = sandbox.warning(level)
+        shown = ".".join(map(str, version))
+        if version < (0, 8):
+            assert f"bubblewrap {shown} is older than 0.8" in text and "--size" in text, text
+        else:
+            assert "older than" not in text, text
+        assert "CAN READ" in text or "isolation" in text
+        assert "in total" in text or "total disk use" in text
+        assert "bubblewrap >= 0.8" in text
+    assert sandbox.warning("bwrap") is None
+
+
+def test_bwrap_version_without_bwrap_is_none(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert sandbox.bwrap_version() is None
+    assert "not usable" in sandbox.warning("unshare")
+
+
 # --- processes left behind: killed after every request, however they move ---------------------------
 
 
