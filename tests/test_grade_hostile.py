@@ -121,6 +121,12 @@ def test_hostile_batch_static_pass_on_a_huge_cell_is_quick(batch):
     assert reported["control"]["static"] < 4, reported["control"]
 
 
+def test_hostile_batch_hidden_student_folder_is_listed_as_skipped(batch):
+    stderr = batch["result"].stderr.decode(errors="replace")
+    assert "skipped: .hidden: its name starts with '.' (hidden), so it is not graded" in stderr, stderr[-3000:]
+    assert not [r for r in record.read_csv(batch["out"] / "grades.csv") if r["student"] == ".hidden"]
+
+
 def test_hostile_batch_duplicates_are_reported_not_counted_twice(batch):
     rows = [r for r in record.read_csv(batch["out"] / "grades.csv") if r["student"] == "dup"]
     assert sum(float(r["max_points"]) for r in rows) == hostile.FULL

@@ -51,6 +51,22 @@ def test_discover_never_follows_links_and_reports_them(tmp_path):
     assert any("carol" in line and "link" in line for line in found.skipped)
 
 
+def test_discover_lists_a_hidden_student_folder_as_skipped_with_the_reason(tmp_path):
+    """A student folder (or flat notebook) whose name starts with '.' is not graded, and says so; inside a
+    student's folder, .ipynb_checkpoints (Jupyter's autosaved copies) is passed over without a word."""
+    root = tmp_path / "subs"
+    _touch(root / ".hidden" / NB)
+    _touch(root / f".eve_{NB}")
+    _touch(root / "alice" / NB)
+    _touch(root / "alice" / ".ipynb_checkpoints" / f"{CH1.id}-checkpoint.ipynb")
+    found = submissions.discover(root)
+    assert [f.relpath for f in found.found] == [f"alice/{NB}"] and found.students == ["alice"]
+    hidden = [line for line in found.skipped if "starts with '.'" in line]
+    assert sorted(line.split(":")[0] for line in hidden) == [".eve_" + NB, ".hidden"], found.skipped
+    assert all("rename it to grade it" in line for line in hidden)
+    assert len(found.skipped) == 2
+
+
 def test_read_refuses_links_fifos_devices_and_oversized_files(tmp_path):
     root = tmp_path / "subs"
     secret = _touch(tmp_path / "secret.txt", b"TOP-SECRET-BYTES")
