@@ -407,6 +407,82 @@ def test_honesty_static_pass_flags_a_dotted_forbidden_function_however_imported(
     assert honesty.delegation(honest, "interpolate_position_embeddings", forbidden, ()) is None
 
 
+# --- the run-time guard: what switches it off is itself a violation -----------------------------------
+
+SOFTMAX_DODGES = {
+    "both_modes_off": "from torch.utils._python_dispatch import _disable_current_modes\n"
+                      "from torch._C import DisableTorchFunction\n"
+                      "def softmax(x, dim=-1):\n    with DisableTorchFunction(), _disable_current_modes():\n"
+                      "        return getattr(torch, 'soft' + 'max')(x, dim)\n",
+    "by_strings": "import importlib\n"
+                  "def softmax(x, dim=-1):\n"
+                  "    modes = importlib.import_module('torch.utils._python' + '_dispatch')\n"
+                  "    with getattr(torch._C, 'Disable' + 'TorchFunction')(), "
+                  "getattr(modes, '_disable_' + 'current_modes')():\n"
+                  "        return getattr(torch, 'soft' + 'max')(x, dim)\n",
+    "from_c_code": "def softmax(x, dim=-1):\n"
+                   "    with getattr(torch._C, 'Disable' + 'TorchFunction')(), torch._C._DisableTorchDispatch():\n"
+                   "        return list(map(torch.softmax, [x], [dim]))[0]\n",
+    "pop_the_stacks": "def softmax(x, dim=-1):\n    torch._C._pop_torch_dispatch_stack()\n"
+                      "    return torch.softmax(x, dim)\n",
+    "profile_off": "import sys\ndef softmax(x, dim=-1):\n    sys.setprofile(None)\n"
+                   "    with torch._C.DisableTorchFunction(), torch.utils._python_dispatch._disable_current_modes():\n"
+                   "        return torch.softmax(x, dim)\n",
+    "in_a_thread": "import threading\ndef softmax(x, dim=-1):\n    out = []\n"
+                   "    t = threading.Thread(target=lambda: out.append(torch.softmax(x, dim)))\n"
+                   "    t.start()\n    t.join()\n    return out[0]\n",
+}
+
+
+def _learner_softmax(source: str):
+    namespace = {"torch": __import__("torch")}
+    exec(compile("import torch.utils._python_dispatch\n" + source, "<ipython-input-1-test>", "exec"), namespace)
+    return namespace["softmax"]
+
+
+@pytest.mark.parametrize("dodge", SOFTMAX_DODGES, ids=list(SOFTMAX_DODGES))
+def test_guard_flags_a_softmax_that_switches_it_off(dodge):
+    """The dodge of issue 16's second audit (PyTorch's function modes switched off, the names reached through
+    strings) and its variants: flagged at run time, by the same probe the grader's kernel runs."""
+    check = registry.get(CH1.id).load_checks()["softmax"]
+    verdict = core.judge_check(check, core.local_probe(_learner_softmax(SOFTMAX_DODGES[dodge]), check.forbidden),
+                               lambda case: [0], level="visible")
+    assert verdict.status == "flagged", verdict
+    assert sys.getprofile() is None  # the guard's hook is gone afterwards
+
+
+def test_guard_passes_an_honest_softmax_written_in_a_notebook_cell():
+    check = registry.get(CH1.id).load_checks()["softmax"]
+    honest = _learner_softmax("def softmax(x, dim=-1):\n    e = (x - x.amax(dim, keepdim=True)).exp()\n"
+                              "    return e / e.sum(dim, keepdim=True)\n")
+    verdict = core.judge_check(check, core.local_probe(honest, check.forbidden, CH1.answer_files()),
+                               lambda case: [0, 1], level="hidden")
+    assert verdict.status == "passed", verdict
+
+
+def test_guard_flags_a_dotted_forbidden_function_however_it_is_reached():
+    """A function of another library, forbidden by its dotted name: called directly, through a name built
+    at run time, or as a copy of its code under other globals."""
+    import types
+
+    import torch
+    from torchvision.models import vision_transformer
+
+    from autograder.checks import probes
+
+    forbidden = ("torchvision.models.vision_transformer.interpolate_embeddings",)
+    real = vision_transformer.interpolate_embeddings
+    copy = types.FunctionType(real.__code__, dict(vars(vision_transformer), __name__="elsewhere"), "mine",
+                              real.__defaults__)
+    by_name = getattr(vision_transformer, "interpolate_" + "embeddings")
+    for function in (real, by_name, copy):
+        def delegating(p, g, function=function):
+            return function(g * 16, 16, {"encoder.pos_embedding": p})["encoder.pos_embedding"]
+
+        answer = probes.execute(delegating, "call", wire.encode_value({"args": (torch.randn(1, 5, 3), 3)}), forbidden)
+        assert answer["violation"] and "interpolate_embeddings" in answer["violation"], answer
+
+
 # --- cleanup never follows a link and never recurses ---------------------------------------------
 
 

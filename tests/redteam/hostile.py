@@ -227,6 +227,13 @@ DODGES = {  # student -> (a cell after the imports, the softmax cell)
     "dodge_getattr": ("", "import torch\ndef softmax(x, dim=-1):\n    return getattr(torch, 'soft' + 'max')(x, dim)\n"),
     "dodge_private": ("", "import torch\ndef softmax(x, dim=-1):\n    return torch._softmax(x, dim, False)\n"),
     "dodge_log": ("", "def softmax(x, dim=-1):\n    return x.log_softmax(dim).exp()\n"),
+    # PyTorch's function modes switched off around the call, every name built from pieces (no name the
+    # static pass knows appears): for the run-time guard alone
+    "dodge_disable_modes": ("", "import importlib\nimport torch\ndef softmax(x, dim=-1):\n"
+                                "    modes = importlib.import_module('torch.utils._python' + '_dispatch')\n"
+                                "    with getattr(torch._C, 'Disable' + 'TorchFunction')(), "
+                                "getattr(modes, '_disable_' + 'current_modes')():\n"
+                                "        return getattr(torch, 'soft' + 'max')(x, dim)\n"),
 }
 
 
