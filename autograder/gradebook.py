@@ -1,10 +1,10 @@
 """Record batch-grading results in the nbgrader gradebook (so `nbgrader export` and formgrader show them).
 
 Only the grader's main process (or ``merge``, in a sharded run) writes here, one transaction
-per submission. Writes are
-upserts: the assignment (= chapter), its notebook and grade cells (``<exercise>_tests``,
-max score = the exercise's points in :mod:`autograder.registry`) are created when
-missing; the student and the submission are created when missing; each grade's
+per submission. Writes are upserts: the assignment (= chapter), its notebook and grade cells
+(``<exercise>_tests``, max score = the exercise's points in :mod:`autograder.registry`) are
+created when missing, and a grade cell's max score follows the registry when the points
+changed; the student and the submission are created when missing; each grade's
 ``auto_score`` is set. Recording the same result twice leaves the gradebook as it was.
 """
 
@@ -37,10 +37,14 @@ class Recorder:
         gb.update_or_create_notebook(chapter.id, chapter.id)
         for ex in chapter.exercises:
             try:
-                gb.find_grade_cell(f"{ex.name}_tests", chapter.id, chapter.id)
+                cell = gb.find_grade_cell(f"{ex.name}_tests", chapter.id, chapter.id)
             except MissingEntry:
                 gb.update_or_create_grade_cell(f"{ex.name}_tests", chapter.id, chapter.id,
                                                max_score=float(ex.points), cell_type="code")
+                continue
+            if cell.max_score != float(ex.points):  # the registry's points changed since the cell was made
+                cell.max_score = float(ex.points)
+        gb.db.commit()
         self._ready.add(chapter.id)
 
     @contextlib.contextmanager

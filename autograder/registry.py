@@ -242,14 +242,6 @@ def ids() -> list[str]:
     return [c.id for c in CHAPTERS]
 
 
-def by_notebook_name(name: str) -> Chapter | None:
-    """The chapter whose notebook is called ``name`` (``01_attention_by_hand.ipynb``), or None."""
-    for chapter in CHAPTERS:
-        if chapter.notebook == name:
-            return chapter
-    return None
-
-
 def chapter_of_checks(checks_module: str) -> Chapter:
     for chapter in CHAPTERS:
         if chapter.checks == checks_module:

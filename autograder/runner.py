@@ -15,10 +15,12 @@ to stderr, which the grader drains with a size cap. Requests:
 * ``{"op": "exit"}``.
 
 The first answer, sent before any learner code runs, is ``{"ok": true, "ready": true,
-"pid": <pid>}``, or ``{"ok": false, "ready": false, "error": ...}`` when the kernel cannot
-work within its limits (a self-test allocates a tensor and runs a cell). This process decides nothing: the verdict is computed by the grader
-from the outputs, so whatever the learner's code does to this process (patching
-``torch``, ``builtins``, IPython) can only change its own outputs.
+"pid": <pid>}``, or ``{"ok": false, "ready": false, "kind": "memory" | "raised", "error": ...}``
+when the kernel cannot work within its limits. The memory limit is set before PyTorch is
+loaded, so a limit too low for it fails within a fraction of a second, not after the whole
+import; a self-test then allocates a tensor and runs a cell. This process decides nothing:
+the verdict is computed by the grader from the outputs, so whatever the learner's code does
+to this process (patching ``torch``, ``builtins``, IPython) can only change its own outputs.
 """
 
 from __future__ import annotations
@@ -37,18 +39,26 @@ def _open_answer_channel() -> int:
     return answer_fd
 
 
+def _limit_memory(limits: dict) -> None:
+    """RLIMIT_AS before anything large is loaded: a limit PyTorch cannot load within fails at once."""
+    import resource
+
+    value = limits.get("rlimits", {}).get("RLIMIT_AS")
+    if value:
+        resource.setrlimit(resource.RLIMIT_AS, (value, value))
+
+
 def _import_trusted():
-    """Everything the runner needs, imported and bound before any learner code or limit."""
+    """Everything the runner needs, imported and bound before any learner code."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
     torch.set_num_threads(1)
     from IPython.core.interactiveshell import InteractiveShell
 
-    from autograder import wire
     from autograder.checks import probes
 
-    return InteractiveShell, wire, probes.execute
+    return InteractiveShell, probes.execute
 
 
 def _enter_sandbox(limits: dict) -> None:
@@ -96,6 +106,20 @@ def _send(fd: int, wire, message: dict) -> None:
         view = view[os.write(fd, view):]
 
 
+def _start_failure(err: BaseException) -> dict:
+    """The "not ready" answer for ``err``, raised before any learner code ran (so its text is ours)."""
+    kind, cause = "raised", err
+    for _ in range(16):  # the chain: e.g. numpy's ImportError, caused by a library that could not be mapped
+        if cause is None:
+            break
+        text = str(cause).lower()
+        if _error_kind(cause) == "memory" or "failed to map segment" in text or "cannot allocate memory" in text:
+            kind = "memory"
+            break
+        cause = cause.__cause__ or cause.__context__
+    return {"ok": False, "ready": False, "kind": kind, "error": f"{type(err).__name__}: {str(err).strip()[:200]}"}
+
+
 def _error_kind(err: BaseException) -> str:
     """``memory`` or ``raised``, by identity with the real classes (never by a name the learner chose)."""
     if isinstance(err, MemoryError):
@@ -138,7 +162,7 @@ def _run_probe(user_ns: dict, execute, request: dict) -> dict:
     return answer
 
 
-def _self_test(shell) -> str | None:
+def _self_test(shell) -> dict | None:
     """Why this kernel cannot run a notebook within its limits (None when it can), before any learner code."""
     try:
         import torch
@@ -148,9 +172,9 @@ def _self_test(shell) -> str | None:
                                 silent=True)
         err = result.error_before_exec or result.error_in_exec
         if err is not None:
-            return f"{type(err).__name__}: {str(err)[:200]}"
+            return _start_failure(err)
     except BaseException as err:  # noqa: BLE001 — reported as a kernel that cannot start
-        return f"{type(err).__name__}: {str(err)[:200]}"
+        return _start_failure(err)
     return None
 
 
@@ -163,7 +187,7 @@ def _serve(answer_fd: int, shell, wire, execute) -> int:
     user_ns = shell.user_ns
     problem = _self_test(shell)
     if problem:
-        send(answer_fd, wire, {"ok": False, "ready": False, "error": problem})
+        send(answer_fd, wire, problem)
         return 1
     send(answer_fd, wire, {"ok": True, "ready": True, "pid": main_pid})
     while True:
@@ -189,12 +213,15 @@ def _serve(answer_fd: int, shell, wire, execute) -> int:
 def main() -> int:
     limits = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
     answer_fd = _open_answer_channel()
-    shell_class, wire, execute = _import_trusted()
-    _enter_sandbox(limits)
+    from autograder import wire  # the framing alone: the standard library
+
+    _limit_memory(limits)
     try:
+        shell_class, execute = _import_trusted()
+        _enter_sandbox(limits)
         shell = shell_class.instance()
-    except BaseException as err:  # noqa: BLE001 — e.g. a memory limit too low to build the shell
-        _send(answer_fd, wire, {"ok": False, "ready": False, "error": f"{type(err).__name__}: {str(err)[:200]}"})
+    except BaseException as err:  # noqa: BLE001 — e.g. a memory limit too low to load PyTorch or build the shell
+        _send(answer_fd, wire, _start_failure(err))
         return 1
     return _serve(answer_fd, shell, wire, execute)
 

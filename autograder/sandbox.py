@@ -28,6 +28,7 @@ import errno
 import functools
 import json
 import os
+import re
 import secrets
 import select
 import shutil
@@ -95,15 +96,42 @@ def detect() -> str:
     return "none"
 
 
+BWRAP_MINIMUM = (0, 8)  # --size (size-capped tmpfs for /tmp and /sandbox) came with bubblewrap 0.8.0
+
+
+def bwrap_version() -> tuple[int, ...] | None:
+    """The version of the ``bwrap`` on PATH (``bubblewrap 0.6.1`` -> (0, 6, 1)), or None without one."""
+    path = shutil.which("bwrap")
+    if path is None:
+        return None
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", out)
+    return tuple(int(part) for part in found.groups() if part is not None) if found else None
+
+
+def _bwrap_problem() -> str:
+    """Why bubblewrap is not used, when its version says why (older than 0.8); else a plain "not usable"."""
+    version = bwrap_version()
+    if version is not None and version < BWRAP_MINIMUM:
+        return (f"bubblewrap {'.'.join(map(str, version))} is older than 0.8 (it has no --size, which the sandbox "
+                "needs for its size-capped /tmp and /sandbox), so it is not used")
+    return "bubblewrap (bwrap) not usable"
+
+
 def warning(level: str) -> str | None:
+    """What the instructor must know about ``level``: what a submission can do there that it cannot under bwrap."""
     if level == "bwrap":
         return None
+    install = "Install bubblewrap >= 0.8 (apt-get install bubblewrap; Ubuntu 22.04 ships 0.6: use a newer release)"
     if level == "unshare":
-        return ("warning: bubblewrap (bwrap) not usable: submissions run without network but CAN READ the file "
-                "system (hidden tests, solutions). Install it: apt-get install bubblewrap")
-    return ("warning: no sandbox available (bubblewrap not usable and not root): submissions run with resource "
-            "limits only — network and file-system isolation are OFF. Install bubblewrap (apt-get install "
-            "bubblewrap) and allow unprivileged user namespaces, or grade as root.")
+        return (f"warning: {_bwrap_problem()}: submissions run without network but CAN READ the file system (hidden "
+                "tests, solutions), and what they write is capped per file, not in total. " + install)
+    return (f"warning: no sandbox available ({_bwrap_problem()}, and not root): submissions run with resource limits "
+            "only — network and file-system isolation and the cap on their total disk use are OFF. " + install
+            + " and allow unprivileged user namespaces, or grade as root.")
 
 
 def _fresh_uid() -> int | None:
@@ -304,6 +332,10 @@ def _stopped_or_gone(pid: int) -> bool:
     return state in (b"T", b"t", b"Z", b"X")
 
 
+# (isolation level, memory limit) -> why no kernel can start with them, in this process
+_START_FAILURES: dict[tuple, str] = {}
+
+
 @dataclass
 class Runner:
     """One sandboxed runner process; :meth:`start` (again after a kill), :meth:`request`, :meth:`close`."""
@@ -356,9 +388,19 @@ class Runner:
             return ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"] + runner, env
         return runner, env
 
+    def _start_key(self) -> tuple:
+        return self.level, self.limits.memory_bytes
+
     def start(self) -> None:
-        """(Re)start the runner with fresh scratch space; RunnerDied("start", why) if it cannot start."""
+        """(Re)start the runner with fresh scratch space; RunnerDied("start", why) if it cannot start.
+
+        A kernel that could not start within the memory limit will not start within it later
+        either: this process then says so at once for every later notebook, without trying again.
+        """
         self.kill()
+        known = _START_FAILURES.get(self._start_key())
+        if known is not None:
+            raise RunnerDied("start", f"the kernel could not start: {known}")
         uid = self._uid()
         cwd = self._fresh_scratch(uid)
         cmd, env = self._command(uid, cwd)
@@ -379,9 +421,10 @@ class Runner:
         if ready.get("ready") is not True:
             self.kill()
             why = str(ready.get("error", ""))[:200]
-            if "MemoryError" in why or "allocate" in why:
+            if ready.get("kind") == "memory":
                 why = (f"it cannot work within the memory limit of {self.limits.memory_bytes / 2**30:g} GB "
                        "(address space; PyTorch alone maps about 3.5 GB): raise --memory-gb")
+                _START_FAILURES[self._start_key()] = why
             raise RunnerDied("start", f"the kernel could not start: {why}")
         pid = ready.get("pid")
         self._runner_pid = pid if type(pid) is int else None

@@ -16,6 +16,14 @@ from autograder import registry, sandbox, status, submissions, verdict
 from autograder.record import printable
 
 MAX_BYTES = 256 * 2**20
+ISOLATION = "none"  # the learner's own machine: no sandbox, the learner's own user
+
+
+def limits(timeout: float) -> sandbox.Limits:
+    """The kernel's limits for a self-check with ``--timeout``: time only; memory, processes and output are the
+    learner's own machine's business."""
+    return sandbox.Limits(cell_seconds=timeout, notebook_seconds=max(600.0, 5 * timeout), memory_bytes=2**40,
+                          processes=4096, output_bytes=64 * 2**20)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,11 +43,9 @@ def check(notebook: Path, timeout: float = 120.0) -> tuple[list[dict], float, fl
         data, _ = submissions.read(path.resolve().parent, path.name.encode(), MAX_BYTES)
     except submissions.Unreadable as err:
         raise ValueError(f"{path} cannot be read: {err}") from None
-    limits = sandbox.Limits(cell_seconds=timeout, notebook_seconds=max(600.0, 5 * timeout), memory_bytes=2**40,
-                            processes=4096, output_bytes=64 * 2**20)
     try:
-        rows = verdict.grade_notebook(data, registry.get(chapter_id), level="visible", limits=limits,
-                                      isolation="none", unprivileged=False)
+        rows = verdict.grade_notebook(data, registry.get(chapter_id), level="visible", limits=limits(timeout),
+                                      isolation=ISOLATION, unprivileged=False)
     except (Exception, RecursionError) as err:  # noqa: BLE001 — the checker's own failure: one line, as in grade
         raise ValueError(f"the self-check failed on this notebook ({type(err).__name__}); "
                          "please report it with the notebook") from None

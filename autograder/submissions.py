@@ -12,7 +12,9 @@ A notebook's chapter comes from its file name: the exact ``NN_name.ipynb``, or a
 copy of it (``NN_name-Copy1.ipynb`` from JupyterLab's Duplicate, ``NN_name (1).ipynb``
 from a browser download, ``NN_name_v2.ipynb``...). Per student and chapter one file is
 graded — the exact name at the shallowest depth, else the only renamed copy — and the
-others are reported as duplicates. Discovery walks folders iteratively without following
+others are reported as duplicates. Names starting with ``.`` are not read: inside a
+student's folder silently (``.ipynb_checkpoints``, Jupyter's autosaved copies; ``.git``),
+at the top listed as skipped with the reason. Discovery walks folders iteratively without following
 links; reading opens each path component with ``O_NOFOLLOW`` and accepts only a regular
 file of bounded size, hashed while it is read.
 """
@@ -103,7 +105,10 @@ def discover(root: Path) -> Discovery:
             for name, is_dir, is_link in sorted(entries):
                 path = rel + b"/" + name if rel else name
                 if name.startswith(b"."):
-                    continue  # .ipynb_checkpoints, .git, hidden files
+                    if depth == 0:  # a student's folder (or a flat notebook) must never vanish unsaid
+                        result.skipped.append(f"{display_name(name)}: its name starts with '.' (hidden), so it is "
+                                              "not graded; rename it to grade it")
+                    continue  # inside a student's folder: .ipynb_checkpoints (Jupyter's autosaves), .git
                 if depth == 0 and (is_dir or is_link) and not name.lower().endswith(b".ipynb"):
                     result.students.append(display_name(name))
                     if is_link:

@@ -5,12 +5,14 @@ in order (each a function below):
 
 1. :func:`read_notebook` — the bytes become a notebook, or every exercise is ``invalid``
    with a reason that quotes nothing from the file;
-2. :func:`cells_to_run` — the learner's code cells, without the release's own test
-   cells and untouched demos;
-3. :func:`static_flags` — the static no-delegation pass (:mod:`autograder.checks.honesty`);
+2. :class:`Code` and :func:`cells_to_run` — every code cell parsed once (a notebook with
+   more than :data:`MAX_CODE_BYTES` of code is ``invalid``), and the learner's cells to run,
+   without the release's own test cells and untouched demos;
+3. :func:`static_flags` — the static no-delegation pass (:mod:`autograder.checks.honesty`),
+   on the cells already parsed;
 4. :class:`Session` — the sandboxed kernel: start it, run the cells, restart it after a
    cell or check that killed it (that cell is then skipped), give up only at the
-   notebook's deadline or when the kernel cannot start at all;
+   notebook's deadline (which runs from step 1) or when the kernel cannot start at all;
 5. :func:`judge` — every exercise through the one case-and-seed loop
    (:func:`autograder.checks.core.judge_check`) with a probe that runs in the kernel and
    inputs built here from fresh random seeds; outputs are read with
@@ -99,27 +101,39 @@ def _code_cells(nb) -> list[tuple[int, str]]:
             if c.get("cell_type") == "code" and isinstance(c.get("source"), str)]
 
 
-def cells_to_run(nb, release: dict[str, bool]) -> list[tuple[int, str]]:
+class Code:
+    """The notebook's code cells, each parsed once (:class:`honesty.Code`), by cell index."""
+
+    def __init__(self, nb):
+        self.cells = _code_cells(nb)
+        self.static = honesty.Code([src for _, src in self.cells])
+        self.facts = {i: facts for (i, _), facts in zip(self.cells, self.static.facts)}
+
+    def parsed(self, i: int) -> bool:
+        return self.facts.get(i) is not None
+
+
+def cells_to_run(code: Code, release: dict[str, bool]) -> list[tuple[int, str]]:
     """The learner's code cells that are run: all but release test cells and untouched release demos."""
     run = []
-    for i, src in _code_cells(nb):
+    for i, src in code.cells:
         if src in release:
             if release[src]:
                 continue  # an unchanged test cell: verdicts never come from the notebook's own tests
-            tree = honesty.parse(src)
-            keeps = tree is None or "%" in src or any(
-                isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)) for n in tree.body)
+            facts = code.facts[i]
+            keeps = facts is None or "%" in src or any(
+                isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)) for n in facts.tree.body)
             if not keeps:
                 continue  # an unchanged demo: nothing a graded exercise can depend on
         run.append((i, src))
     return run
 
 
-def syntax_errors(cells: list[tuple[int, str]]) -> dict[int, str]:
+def syntax_errors(cells: list[tuple[int, str]], code: Code) -> dict[int, str]:
     """Cell index -> "line L: message" for every cell Python cannot parse."""
     found = {}
     for i, src in cells:
-        if honesty.parse(src) is None:
+        if not code.parsed(i):
             lines = [("pass  # " + line) if line.lstrip().startswith(("%", "!")) else line for line in src.splitlines()]
             try:
                 compile("\n".join(lines), f"cell {i}", "exec", dont_inherit=True)
@@ -134,11 +148,25 @@ def syntax_errors(cells: list[tuple[int, str]]) -> dict[int, str]:
 # --- 3. static flags -------------------------------------------------------------------
 
 
-def static_flags(chapter: registry.Chapter, nb) -> dict[str, str | None]:
-    sources = [src for _, src in _code_cells(nb)]
+MAX_CODE_BYTES = 2**20  # code the static pass reads, in all of a notebook's cells
+
+
+def static_flags(chapter: registry.Chapter, code: Code) -> dict[str, str | None]:
+    """Exercise -> why its code delegates (None when it does not); every cell already parsed once."""
     checks = chapter.load_checks()
-    return {ex.name: honesty.delegation(sources, ex.target, checks[ex.name].forbidden, chapter.answers)
+    return {ex.name: code.static.delegation(ex.target, checks[ex.name].forbidden, chapter.answers)
             for ex in chapter.exercises}
+
+
+def owners(chapter: registry.Chapter, cells: list[tuple[int, str]], code: Code) -> dict[str, int]:
+    """Exercise -> the first run cell that defines it."""
+    found: dict[str, int] = {}
+    for i, _ in cells:
+        facts = code.facts[i]
+        for ex in chapter.exercises:
+            if facts is not None and ex.target in facts.top:
+                found.setdefault(ex.name, i)
+    return found
 
 
 # --- 4. the kernel ---------------------------------------------------------------------
@@ -147,9 +175,10 @@ def static_flags(chapter: registry.Chapter, nb) -> dict[str, str | None]:
 class Session:
     """The learner's cells in one sandboxed kernel, restarted without the cell that killed it."""
 
-    def __init__(self, runner: sandbox.Runner, cells: list[tuple[int, str]], limits: sandbox.Limits):
+    def __init__(self, runner: sandbox.Runner, cells: list[tuple[int, str]], limits: sandbox.Limits,
+                 deadline: float):
         self.runner, self.cells, self.limits = runner, cells, limits
-        self.deadline = time.monotonic() + limits.notebook_seconds
+        self.deadline = deadline  # time.monotonic() past which the notebook is stopped
         self.killed: dict[int, sandbox.RunnerDied] = {}  # cell index -> what stopped it
         self.errors: dict[int, tuple[str, str]] = {}  # cell index -> (kind, message) of a cell that raised
         self.dead: sandbox.RunnerDied | None = None  # set when the notebook cannot go on
@@ -293,27 +322,34 @@ def _syntax_error_for(target: str, syntax: dict[int, str], cells: list[tuple[int
 def grade_notebook(data: bytes, chapter: registry.Chapter, *, level: str = "hidden",
                    limits: sandbox.Limits = sandbox.Limits(), hide: list[Path] = (),
                    isolation: str | None = None, unprivileged: bool = True,
-                   course_dir: Path = registry.COURSE_DIR) -> list[dict]:
-    """Rows (exercise, points, max_points, status, reason) of every exercise of ``chapter`` for ``data``."""
+                   course_dir: Path = registry.COURSE_DIR, timing: dict | None = None) -> list[dict]:
+    """Rows (exercise, points, max_points, status, reason) of every exercise of ``chapter`` for ``data``.
+
+    The notebook's time limit starts here, before the static pass. ``timing``, when given, gets
+    ``static_cpu_seconds``: the CPU time of the static pass.
+    """
+    deadline = time.monotonic() + limits.notebook_seconds
     try:
         nb = read_notebook(data)
     except NotANotebook as err:
         return rows_for_all(chapter, status.INVALID, f"the notebook could not be read: {err}")
-    cells = cells_to_run(nb, release_cells(str(chapter.release_path(course_dir))))
-    flags = static_flags(chapter, nb)
-    owners = {}
-    for i, src in cells:
-        tree = honesty.parse(src)
-        for ex in chapter.exercises:
-            if tree is not None and honesty.defines(tree, ex.target):
-                owners.setdefault(ex.name, i)
+    code_bytes = sum(len(src.encode("utf-8", "surrogatepass")) for _, src in _code_cells(nb))
+    if code_bytes > MAX_CODE_BYTES:
+        return rows_for_all(chapter, status.INVALID, f"the notebook's code cells hold {code_bytes} bytes of code, more "
+                                                     f"than the {MAX_CODE_BYTES} bytes the grader reads")
+    started = time.process_time()
+    code = Code(nb)
+    cells = cells_to_run(code, release_cells(str(chapter.release_path(course_dir))))
+    flags = static_flags(chapter, code)
+    if timing is not None:
+        timing["static_cpu_seconds"] = time.process_time() - started
     runner = sandbox.Runner(limits, hide=list(hide) + sandbox.hidden_paths(chapter), unprivileged=unprivileged,
                             **({"level": isolation} if isolation else {}))
-    session = Session(runner, cells, limits)
+    session = Session(runner, cells, limits, deadline)
     try:
         session.boot()
         if session.dead is not None and session.dead.kind == "start":
             return rows_for_all(chapter, status.CRASHED, str(session.dead))
-        return judge(chapter, session, flags, owners, syntax_errors(cells), level)
+        return judge(chapter, session, flags, owners(chapter, cells, code), syntax_errors(cells, code), level)
     finally:
         runner.close()

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import math
 import struct
 from typing import Any
 
-import torch
+# Framing needs only the standard library; values need PyTorch, imported on first use, so that
+# the kernel can answer before it has loaded PyTorch (e.g. that it cannot, within its memory limit).
 
 MAX_MESSAGE = 64 * 2**20  # bytes of one message, either way
 MAX_DEPTH = 32  # nesting of lists/dicts inside a value
@@ -60,19 +62,25 @@ def parse(body: bytes) -> dict:
 
 # --- values: tensors, numbers, strings, None, lists, tuples, str-keyed dicts ----------
 
-_DTYPES = {str(t).removeprefix("torch."): t for t in (
-    torch.float64, torch.float32, torch.float16, torch.bfloat16,
-    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
-)}
+@functools.cache
+def _dtypes() -> dict:
+    import torch
+
+    return {str(t).removeprefix("torch."): t for t in (
+        torch.float64, torch.float32, torch.float16, torch.bfloat16,
+        torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+    )}
 
 
 def _to_json(obj: Any, depth: int) -> Any:
+    import torch
+
     if depth > MAX_DEPTH:
         raise TypeError(f"values nested deeper than {MAX_DEPTH} levels cannot be sent")
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         name = str(t.dtype).removeprefix("torch.")
-        if name not in _DTYPES:
+        if name not in _dtypes():
             raise TypeError(f"cannot send tensors of dtype {t.dtype}")
         raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""  # reshape: 0-dim too
         sent = {"__tensor__": name, "shape": list(t.shape), "data": base64.b64encode(raw).decode("ascii")}
@@ -94,8 +102,10 @@ def _to_json(obj: Any, depth: int) -> Any:
     raise TypeError(f"cannot send a {type(obj).__name__}")
 
 
-def _tensor_from_json(obj: dict) -> torch.Tensor:
-    dtype = _DTYPES.get(obj.get("__tensor__")) if isinstance(obj.get("__tensor__"), str) else None
+def _tensor_from_json(obj: dict) -> "torch.Tensor":
+    import torch
+
+    dtype = _dtypes().get(obj.get("__tensor__")) if isinstance(obj.get("__tensor__"), str) else None
     shape, data = obj.get("shape"), obj.get("data")
     if (dtype is None or not isinstance(shape, list) or not isinstance(data, str) or len(shape) > MAX_DEPTH
             or not all(type(n) is int and n >= 0 for n in shape)):

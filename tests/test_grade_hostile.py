@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -109,6 +110,21 @@ def test_hostile_batch_exact_points_and_statuses(batch):
                 wrong.append(f"{student!r} {exercise}: {found[0]['status']} ({found[0]['reason'][:160]}), "
                              f"expected {status}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_hostile_batch_static_pass_on_a_huge_cell_is_quick(batch):
+    """A 420 KB cell: the static pass parses each cell once and walks it once (it took 6 s of CPU when every
+    exercise parsed every cell again), as the grader reports it for that notebook."""
+    reported = _reported(batch["result"].stderr)
+    assert reported["huge_cell"]["static"] is not None, reported["huge_cell"]
+    assert reported["huge_cell"]["static"] < 4, reported["huge_cell"]
+    assert reported["control"]["static"] < 4, reported["control"]
+
+
+def test_hostile_batch_hidden_student_folder_is_listed_as_skipped(batch):
+    stderr = batch["result"].stderr.decode(errors="replace")
+    assert "skipped: .hidden: its name starts with '.' (hidden), so it is not graded" in stderr, stderr[-3000:]
+    assert not [r for r in record.read_csv(batch["out"] / "grades.csv") if r["student"] == ".hidden"]
 
 
 def test_hostile_batch_duplicates_are_reported_not_counted_twice(batch):
@@ -233,20 +249,39 @@ def test_other_chapters_hidden_checks_and_answers_not_yet_due_never_reach_the_re
     assert [r["status"] for r in rows if r["exercise"] == "padding_mask"] == ["error"]
 
 
+PROGRESS = re.compile(r"^\[\d+/\d+\] (?P<student>.+?): .*: [\d.]+/[\d.]+ in (?P<seconds>[\d.]+) s"
+                      r"(?: \(static pass (?P<static>[\d.]+) s CPU\))?$")
+
+
+def _reported(stderr: bytes) -> dict[str, dict[str, float]]:
+    """Student -> the seconds the grader reports on its progress line for that student's notebook."""
+    found = {}
+    for line in stderr.decode(errors="replace").splitlines():
+        m = PROGRESS.match(line)
+        if m:
+            found[m["student"]] = {"seconds": float(m["seconds"]),
+                                   "static": float(m["static"]) if m["static"] else None}
+    return found
+
+
 def test_kernel_that_cannot_start_gives_every_exercise_one_status_at_once(tmp_path):
-    subs = tmp_path / "submissions" / "alice"
-    subs.mkdir(parents=True)
-    nbformat.write(redteam.solved(CH1, REPO / "autograder" / "source"), subs / NB)
+    """Issue 8: "a runner that cannot start (e.g. --memory-gb 1) gives every exercise a clear status in
+    under 10 s" — per notebook, as the grader itself reports it (not the command's own start-up)."""
+    for student in ("alice", "bob"):
+        (tmp_path / "submissions" / student).mkdir(parents=True)
+        nbformat.write(redteam.solved(CH1, REPO / "autograder" / "source"), tmp_path / "submissions" / student / NB)
     (tmp_path / "out").mkdir()
-    started = time.monotonic()
     result = _grade(tmp_path / "submissions", tmp_path / "out", "--memory-gb", "1", "--jobs", "1")
-    seconds = time.monotonic() - started
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
     rows = record.read_csv(tmp_path / "out" / "grades.csv")
-    assert {r["status"] for r in rows} == {"crashed"} and all("could not start" in r["reason"] for r in rows)
-    assert len(rows) == len(registry.get(CH1).exercises)
-    assert seconds < 150, f"{seconds:.0f} s: a kernel that cannot start must not be retried until the deadline"
-    # Not cached as graded: a rerun (e.g. with more memory) grades it again.
+    assert {r["status"] for r in rows} == {"crashed"}
+    assert all("could not start" in r["reason"] and "memory limit of 1 GB" in r["reason"] for r in rows), rows
+    assert len(rows) == 2 * len(registry.get(CH1).exercises)
+    reported = _reported(result.stderr)
+    assert set(reported) == {"alice", "bob"}, result.stderr.decode(errors="replace")[-2000:]
+    for student, timing in reported.items():
+        assert timing["seconds"] < 10, f"{student}: {timing['seconds']} s"
+    # Not cached as graded: a rerun (e.g. with more memory) grades them again.
     again = _grade(tmp_path / "submissions", tmp_path / "out", "--jobs", "1")
     assert b"already graded" not in again.stderr
     assert {r["status"] for r in record.read_csv(tmp_path / "out" / "grades.csv")} == {"passed"}

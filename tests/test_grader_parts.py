@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,6 +49,22 @@ def test_discover_never_follows_links_and_reports_them(tmp_path):
     assert not any("outside" in f.relpath or f.relpath.startswith("alice/sub") for f in found.found)
     assert "carol" in found.students and not any(f.student == "carol" for f in found.found)
     assert any("carol" in line and "link" in line for line in found.skipped)
+
+
+def test_discover_lists_a_hidden_student_folder_as_skipped_with_the_reason(tmp_path):
+    """A student folder (or flat notebook) whose name starts with '.' is not graded, and says so; inside a
+    student's folder, .ipynb_checkpoints (Jupyter's autosaved copies) is passed over without a word."""
+    root = tmp_path / "subs"
+    _touch(root / ".hidden" / NB)
+    _touch(root / f".eve_{NB}")
+    _touch(root / "alice" / NB)
+    _touch(root / "alice" / ".ipynb_checkpoints" / f"{CH1.id}-checkpoint.ipynb")
+    found = submissions.discover(root)
+    assert [f.relpath for f in found.found] == [f"alice/{NB}"] and found.students == ["alice"]
+    hidden = [line for line in found.skipped if "starts with '.'" in line]
+    assert sorted(line.split(":")[0] for line in hidden) == [".eve_" + NB, ".hidden"], found.skipped
+    assert all("rename it to grade it" in line for line in hidden)
+    assert len(found.skipped) == 2
 
 
 def test_read_refuses_links_fifos_devices_and_oversized_files(tmp_path):
@@ -273,6 +290,82 @@ def test_honesty_pass_is_linear_in_the_cell_size():
     assert large < 20 * max(small, 0.01), (small, large)  # 8x the size: far below the 64x of a quadratic pass
 
 
+def test_honesty_pass_is_linear_in_the_depth_of_attribute_chains():
+    """``x.softmax.softmax…`` (each link an attribute of the previous one): the same amount of code in a few
+    deep chains costs what it costs in many shallow ones (walking down each link's chain again was quadratic)."""
+    def seconds(depth: int, chains: int) -> float:
+        cell = "def padding_mask(tokens, pad_id):\n" + "".join(
+            f"    y{i} = tokens{'.softmax' * depth}\n" for i in range(chains)) + "    return tokens\n"
+        started = time.process_time()
+        honesty.delegation([cell, "import torch"], "padding_mask", ("*softmax*",), ("solutions.attention",))
+        return time.process_time() - started
+
+    shallow, deep = seconds(25, 800), seconds(2500, 8)  # about 160 KB each
+    assert deep < 5 * max(shallow, 0.01), (shallow, deep)
+
+
+def test_static_pass_parses_each_code_cell_once_per_notebook(monkeypatch):
+    """Not once per exercise: the cells are parsed once and every exercise is judged on what they hold."""
+    from autograder import verdict
+
+    parsed = []
+    real_parse = honesty.parse
+
+    def counting_parse(source):
+        parsed.append(source)
+        return real_parse(source)
+
+    def no_kernel(self):
+        raise sandbox.RunnerDied("start", "the kernel could not start: none in this test")
+
+    monkeypatch.setattr(honesty, "parse", counting_parse)
+    monkeypatch.setattr(sandbox.Runner, "start", no_kernel)
+    nb = json.loads((registry.COURSE_DIR / CH1.id / NB).read_bytes())
+    code_cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    rows = verdict.grade_notebook(json.dumps(nb).encode(), CH1)
+    assert {r["status"] for r in rows} == {"crashed"}
+    assert len(parsed) == len(code_cells) == len(set(parsed)), (len(parsed), len(code_cells))
+
+
+def test_notebook_with_more_code_than_the_static_pass_reads_is_invalid_at_once(monkeypatch):
+    """More than 1 MB of code in all cells: every exercise `invalid`, with a reason that quotes nothing from the
+    file, and neither the static pass nor a kernel runs."""
+    from autograder import verdict
+
+    monkeypatch.setattr(honesty, "parse", lambda source: pytest.fail("the static pass ran"))
+    monkeypatch.setattr(sandbox.Runner, "start", lambda self: pytest.fail("a kernel was started"))
+    nb = json.loads((registry.COURSE_DIR / CH1.id / NB).read_bytes())
+    filler = "# SECRET-FILLER " + "y" * 1000 + "\n"
+    nb["cells"].append({"cell_type": "code", "id": "filler", "metadata": {}, "execution_count": None, "outputs": [],
+                        "source": filler * (verdict.MAX_CODE_BYTES // len(filler) + 1)})
+    started = time.monotonic()
+    rows = verdict.grade_notebook(json.dumps(nb).encode(), CH1)
+    assert time.monotonic() - started < 30
+    assert [r["exercise"] for r in rows] == [ex.name for ex in CH1.exercises]
+    assert {r["status"] for r in rows} == {"invalid"}
+    assert all(f"more than the {verdict.MAX_CODE_BYTES} bytes the grader reads" in r["reason"] for r in rows)
+    assert not any("SECRET" in r["reason"] or "yyy" in r["reason"] for r in rows)
+
+
+def test_the_notebook_deadline_includes_the_static_pass(monkeypatch):
+    """A static pass that takes the whole notebook's time leaves none for the kernel: every exercise
+    `timeout`, and no kernel is started."""
+    from autograder import verdict
+
+    real_flags = verdict.static_flags
+
+    def slow_flags(chapter, code):
+        time.sleep(2.5)
+        return real_flags(chapter, code)
+
+    monkeypatch.setattr(verdict, "static_flags", slow_flags)
+    monkeypatch.setattr(sandbox.Runner, "start", lambda self: pytest.fail("a kernel was started"))
+    data = (registry.COURSE_DIR / CH1.id / NB).read_bytes()
+    rows = verdict.grade_notebook(data, CH1, limits=sandbox.Limits(notebook_seconds=2))
+    assert {r["status"] for r in rows} == {"timeout"}, rows
+    assert all("longer than its 2 s limit" in r["reason"] for r in rows)
+
+
 @pytest.mark.parametrize("dodge", [
     ["import torch.nn.functional as F\n_sm = F.softmax", "def softmax(x, dim=-1):\n    return _sm(x, dim)"],
     ["import torch\ndef softmax(x, dim=-1):\n    return getattr(torch, 'softmax')(x, dim)"],
@@ -282,6 +375,112 @@ def test_honesty_pass_is_linear_in_the_cell_size():
 ])
 def test_honesty_static_pass_flags_dodges(dodge):
     assert honesty.delegation(dodge, "softmax", ("*softmax*", "softmin"), ("solutions.attention",))
+
+
+@pytest.mark.parametrize("dodge", [
+    "from torch._C import DisableTorchFunction\ndef softmax(x, dim=-1):\n    with DisableTorchFunction():\n"
+    "        return x.exp() / x.exp().sum(dim, keepdim=True)",
+    "import torch\ndef softmax(x, dim=-1):\n    with getattr(torch._C, 'DisableTorchFunction')():\n        return x",
+    "import torch.utils._python_dispatch as d\ndef softmax(x, dim=-1):\n    with d._disable_current_modes():\n"
+    "        return x",
+    "import sys\ndef softmax(x, dim=-1):\n    sys.setprofile(None)\n    return x",
+    "def softmax(x, dim=-1):\n    switch = '_pop_torch_dispatch_stack'\n    return x",
+])
+def test_honesty_static_pass_flags_what_switches_the_guard_off(dodge):
+    """The names of the switches that turn the run-time guard off, as identifiers and inside any string."""
+    why = honesty.delegation([dodge], "softmax", ("*softmax*",), ("solutions.attention",))
+    assert why and "switches off the checks' watch" in why, why
+
+
+def test_honesty_static_pass_flags_a_dotted_forbidden_function_however_imported():
+    forbidden = ("torchvision.models.vision_transformer.interpolate_embeddings",)
+    for cells in (["from torchvision.models.vision_transformer import interpolate_embeddings as ie",
+                   "def interpolate_position_embeddings(p, g):\n    return ie(224, 16, {'e': p})"],
+                  ["import torchvision.models.vision_transformer as vt\n"
+                   "def interpolate_position_embeddings(p, g):\n"
+                   "    return vt.interpolate_embeddings(224, 16, {'e': p})"],
+                  ["import torchvision\ndef interpolate_position_embeddings(p, g):\n"
+                   "    return getattr(torchvision.models.vision_transformer, 'interpolate_embeddings')(224, 16, p)"]):
+        assert honesty.delegation(cells, "interpolate_position_embeddings", forbidden, ()), cells
+    honest = ["import torchvision\nvit = torchvision.models.vit_b_16",  # the chapter's own demo cells
+              "def interpolate_position_embeddings(p, g):\n    return p"]
+    assert honesty.delegation(honest, "interpolate_position_embeddings", forbidden, ()) is None
+
+
+# --- the run-time guard: what switches it off is itself a violation -----------------------------------
+
+SOFTMAX_DODGES = {
+    "both_modes_off": "from torch.utils._python_dispatch import _disable_current_modes\n"
+                      "from torch._C import DisableTorchFunction\n"
+                      "def softmax(x, dim=-1):\n    with DisableTorchFunction(), _disable_current_modes():\n"
+                      "        return getattr(torch, 'soft' + 'max')(x, dim)\n",
+    "by_strings": "import importlib\n"
+                  "def softmax(x, dim=-1):\n"
+                  "    modes = importlib.import_module('torch.utils._python' + '_dispatch')\n"
+                  "    with getattr(torch._C, 'Disable' + 'TorchFunction')(), "
+                  "getattr(modes, '_disable_' + 'current_modes')():\n"
+                  "        return getattr(torch, 'soft' + 'max')(x, dim)\n",
+    "from_c_code": "def softmax(x, dim=-1):\n"
+                   "    with getattr(torch._C, 'Disable' + 'TorchFunction')(), torch._C._DisableTorchDispatch():\n"
+                   "        return list(map(torch.softmax, [x], [dim]))[0]\n",
+    "pop_the_stacks": "def softmax(x, dim=-1):\n    torch._C._pop_torch_dispatch_stack()\n"
+                      "    return torch.softmax(x, dim)\n",
+    "profile_off": "import sys\ndef softmax(x, dim=-1):\n    sys.setprofile(None)\n"
+                   "    with torch._C.DisableTorchFunction(), torch.utils._python_dispatch._disable_current_modes():\n"
+                   "        return torch.softmax(x, dim)\n",
+    "in_a_thread": "import threading\ndef softmax(x, dim=-1):\n    out = []\n"
+                   "    t = threading.Thread(target=lambda: out.append(torch.softmax(x, dim)))\n"
+                   "    t.start()\n    t.join()\n    return out[0]\n",
+}
+
+
+def _learner_softmax(source: str):
+    namespace = {"torch": __import__("torch")}
+    exec(compile("import torch.utils._python_dispatch\n" + source, "<ipython-input-1-test>", "exec"), namespace)
+    return namespace["softmax"]
+
+
+@pytest.mark.parametrize("dodge", SOFTMAX_DODGES, ids=list(SOFTMAX_DODGES))
+def test_guard_flags_a_softmax_that_switches_it_off(dodge):
+    """The dodge of issue 16's second audit (PyTorch's function modes switched off, the names reached through
+    strings) and its variants: flagged at run time, by the same probe the grader's kernel runs."""
+    check = registry.get(CH1.id).load_checks()["softmax"]
+    verdict = core.judge_check(check, core.local_probe(_learner_softmax(SOFTMAX_DODGES[dodge]), check.forbidden),
+                               lambda case: [0], level="visible")
+    assert verdict.status == "flagged", verdict
+    assert sys.getprofile() is None  # the guard's hook is gone afterwards
+
+
+def test_guard_passes_an_honest_softmax_written_in_a_notebook_cell():
+    check = registry.get(CH1.id).load_checks()["softmax"]
+    honest = _learner_softmax("def softmax(x, dim=-1):\n    e = (x - x.amax(dim, keepdim=True)).exp()\n"
+                              "    return e / e.sum(dim, keepdim=True)\n")
+    verdict = core.judge_check(check, core.local_probe(honest, check.forbidden, CH1.answer_files()),
+                               lambda case: [0, 1], level="hidden")
+    assert verdict.status == "passed", verdict
+
+
+def test_guard_flags_a_dotted_forbidden_function_however_it_is_reached():
+    """A function of another library, forbidden by its dotted name: called directly, through a name built
+    at run time, or as a copy of its code under other globals."""
+    import types
+
+    import torch
+    from torchvision.models import vision_transformer
+
+    from autograder.checks import probes
+
+    forbidden = ("torchvision.models.vision_transformer.interpolate_embeddings",)
+    real = vision_transformer.interpolate_embeddings
+    copy = types.FunctionType(real.__code__, dict(vars(vision_transformer), __name__="elsewhere"), "mine",
+                              real.__defaults__)
+    by_name = getattr(vision_transformer, "interpolate_" + "embeddings")
+    for function in (real, by_name, copy):
+        def delegating(p, g, function=function):
+            return function(g * 16, 16, {"encoder.pos_embedding": p})["encoder.pos_embedding"]
+
+        answer = probes.execute(delegating, "call", wire.encode_value({"args": (torch.randn(1, 5, 3), 3)}), forbidden)
+        assert answer["violation"] and "interpolate_embeddings" in answer["violation"], answer
 
 
 # --- cleanup never follows a link and never recurses ---------------------------------------------
@@ -381,6 +580,73 @@ def test_hidden_paths_every_checks_module_and_the_answers_not_yet_due(chapter):
             assert (f in hidden) == (other.number >= chapter.number), (other.id, f)
 
 
+def test_selfcheck_kernel_that_stops_reading_its_input_times_out_on_a_large_cell():
+    """`autograder check` (its kernel at its own isolation level and limits) shares the grader's writes: a kernel
+    that stops reading its input while a 300 KB cell is written to it is a timeout, not a hang."""
+    from autograder import selfcheck
+
+    runner = sandbox.Runner(selfcheck.limits(5.0), level=selfcheck.ISOLATION, unprivileged=False)
+    runner.start()
+    try:
+        stop_reading = "import os\n_keep = os.dup(0)\n_r, _w = os.pipe()\nos.dup2(_r, 0)\n"
+        assert runner.request({"op": "cell", "source": stop_reading}, 60)["ok"] is True
+        outcome: list = []
+
+        def send_large_cell():
+            try:
+                outcome.append(runner.request({"op": "cell", "source": "# " + "x" * 300_000 + "\nx = 1\n"}, 5.0))
+            except sandbox.RunnerDied as died:
+                outcome.append(died)
+
+        started = time.monotonic()
+        sender = threading.Thread(target=send_large_cell, daemon=True)
+        sender.start()
+        sender.join(60)  # a write without a deadline would block here for ever
+        seconds = time.monotonic() - started
+        if sender.is_alive():
+            runner.kill()  # unblocks the write, so that the test ends
+            pytest.fail("writing a large cell to a kernel that stopped reading hangs")
+        died = outcome[0]
+        assert isinstance(died, sandbox.RunnerDied) and died.kind == "timeout", died
+        assert "stopped reading its input" in str(died), died
+        assert seconds < 30, f"{seconds:.0f} s for a 5 s deadline"
+        assert runner.proc is None  # the kernel was stopped
+    finally:
+        runner.close()
+
+
+# --- bubblewrap older than 0.8: said, with what is lost -----------------------------------------------------
+
+
+@pytest.mark.parametrize("printed,version", [("bubblewrap 0.6.1", (0, 6, 1)), ("bubblewrap 0.4.0", (0, 4, 0)),
+                                             ("bubblewrap 0.8.0", (0, 8, 0)), ("bubblewrap 0.11.1", (0, 11, 1))])
+def test_bwrap_version_is_read_and_an_old_one_is_named_in_the_warning(tmp_path, monkeypatch, printed, version):
+    """A stub `bwrap` first on PATH prints a version: below 0.8 (no --size) the warning names it and says what
+    the instructor loses (file-system hiding, the total disk cap); at 0.8 and later it does not blame the version."""
+    stub = tmp_path / "bwrap"
+    stub.write_text(f"#!/bin/sh\necho '{printed}'\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert sandbox.bwrap_version() == version
+    for level in ("unshare", "none"):
+        text = sandbox.warning(level)
+        shown = ".".join(map(str, version))
+        if version < (0, 8):
+            assert f"bubblewrap {shown} is older than 0.8" in text and "--size" in text, text
+        else:
+            assert "older than" not in text, text
+        assert "CAN READ" in text or "isolation" in text
+        assert "in total" in text or "total disk use" in text
+        assert "bubblewrap >= 0.8" in text
+    assert sandbox.warning("bwrap") is None
+
+
+def test_bwrap_version_without_bwrap_is_none(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert sandbox.bwrap_version() is None
+    assert "not usable" in sandbox.warning("unshare")
+
+
 # --- processes left behind: killed after every request, however they move ---------------------------
 
 
@@ -419,27 +685,38 @@ def test_reap_without_a_sandbox_kills_a_sleeper_and_a_process_that_keeps_moving(
 
 
 def test_kernel_that_cannot_start_is_started_once_and_every_exercise_says_why(monkeypatch):
-    """A memory limit no kernel can work in: one start, not a retry loop until the notebook's deadline;
-    every exercise gets the same `crashed` row with the reason, within the time of that one start."""
+    """A memory limit no kernel can work in (issue 8: "a clear status in under 10 s"): one start, not a
+    retry loop until the notebook's deadline; it gives up before loading PyTorch, so within a fraction
+    of a second of CPU; every exercise gets the same `crashed` row with the reason; a later notebook of
+    the same worker gets the same rows at once, without starting a kernel again."""
+    import resource
+
     from autograder import verdict
 
-    starts = []
-    real_start = sandbox.Runner.start
+    spawned = []
+    real_popen = sandbox.subprocess.Popen
 
-    def counting_start(self):
-        starts.append(time.monotonic())
-        return real_start(self)
+    def counting_popen(*args, **kwargs):
+        spawned.append(args[0])
+        return real_popen(*args, **kwargs)
 
-    monkeypatch.setattr(sandbox.Runner, "start", counting_start)
+    monkeypatch.setattr(sandbox.subprocess, "Popen", counting_popen)
+    monkeypatch.setattr(sandbox, "_START_FAILURES", {})
     data = (registry.COURSE_DIR / CH1.id / NB).read_bytes()
     limits = sandbox.Limits(memory_bytes=2**30, notebook_seconds=600)
-    started = time.monotonic()
-    rows = verdict.grade_notebook(data, CH1, limits=limits, isolation="none")
-    seconds = time.monotonic() - started
-    assert len(starts) == 1, f"the kernel was started {len(starts)} times"
-    assert [r["exercise"] for r in rows] == [ex.name for ex in CH1.exercises]
-    assert {r["status"] for r in rows} == {"crashed"} and all("could not start" in r["reason"] for r in rows)
-    assert seconds < limits.start_seconds, f"{seconds:.0f} s"
+    for notebook in ("first", "second"):
+        cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.monotonic()
+        rows = verdict.grade_notebook(data, CH1, limits=limits, isolation="none")
+        seconds = time.monotonic() - started
+        cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        kernel_cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
+        assert [r["exercise"] for r in rows] == [ex.name for ex in CH1.exercises]
+        assert {r["status"] for r in rows} == {"crashed"}, rows
+        assert all("could not start" in r["reason"] and "memory limit of 1 GB" in r["reason"] for r in rows), rows
+        assert seconds < 10, f"{notebook} notebook: {seconds:.1f} s"
+        assert kernel_cpu < 1.0, f"{notebook} notebook: the kernel used {kernel_cpu:.2f} s of CPU before giving up"
+    assert len(spawned) == 1, f"the kernel was started {len(spawned)} times"
 
 
 # --- a notebook that kills its grading worker: retried once, then an error row; the batch ends ------
@@ -557,3 +834,30 @@ def test_runner_error_kind_by_class_not_by_name():
     assert runner._error_kind(OSError(errno_.ENOMEM, "Cannot allocate memory")) == "memory"
     assert runner._error_kind(OSError(errno_.ENOENT, "Cannot allocate memory")) == "raised"
     assert runner._error_kind(type("MemoryError", (Exception,), {})()) == "raised"
+
+
+# --- the gradebook follows the registry's points ----------------------------------------------------
+
+
+def test_gradebook_sets_the_max_score_of_an_existing_grade_cell_to_the_registry_points(tmp_path):
+    """A gradebook made when an exercise was worth other points (or by hand) gets the registry's points,
+    so nbgrader's totals agree with grades.csv."""
+    from nbgrader.api import Gradebook
+
+    from autograder import gradebook, verdict
+
+    url = f"sqlite:///{tmp_path / 'gradebook.db'}"
+    book = gradebook.Recorder(url)  # puts this Python's alembic on PATH, which a new gradebook needs
+    first = CH1.exercises[0]
+    with Gradebook(url) as gb:
+        gb.update_or_create_assignment(CH1.id)
+        gb.update_or_create_notebook(CH1.id, CH1.id)
+        gb.update_or_create_grade_cell(f"{first.name}_tests", CH1.id, CH1.id, max_score=first.points + 5.0,
+                                       cell_type="code")
+    rows = verdict.rows_for_all(CH1, "passed", "")
+    book.record({"student": "alice", "submission": f"alice/{NB}", "chapter": CH1.id, "sha256": "0" * 64,
+                 "rows": rows, "retry": False, "kind": "graded"})
+    with Gradebook(url) as gb:
+        cells = {c.name: c.max_score for c in gb.find_notebook(CH1.id, CH1.id).grade_cells}
+        assert cells == {f"{ex.name}_tests": float(ex.points) for ex in CH1.exercises}
+        assert gb.find_submission(CH1.id, "alice").score == CH1.points

@@ -53,8 +53,25 @@ def test_mutant_fails_hidden_checks(module, mutant):
             core.run(chapter.checks, mutant.exercise, mutant.obj, level="hidden", seed=seed, quiet=True)
         assert str(err.value).startswith(f"{mutant.exercise}: "), str(err.value)
         # A mutant is an honest mistake: it must be caught by the judge, not refused as delegation (a mutant
-        # that calls the library's answer would "fail" whatever the check does).
-        assert "not accepted:" not in str(err.value), f"{mutant.name} calls the library: {err.value}"
+        # that calls the library's answer would "fail" whatever the check does) — unless delegating is the
+        # mistake it plants.
+        refused = "not accepted:" in str(err.value)
+        assert refused == mutant.delegates, f"{mutant.name}: {err.value}"
+
+
+@pytest.mark.parametrize("module,mutant", [(mod, m) for mod, m in MUTANTS if m.delegates],
+                         ids=[f"{mod}:{m.name}" for mod, m in MUTANTS if m.delegates])
+def test_delegating_mutant_is_refused_by_the_visible_checks_and_by_the_guard_alone(module, mutant):
+    """A mutant that calls what its exercise asks to write: the notebook's own test cell refuses it (static
+    pass, then the run-time guard), and so does the run-time guard alone (the grader's kernel, whatever
+    the static pass saw)."""
+    chapter = chapter_of(module)
+    with pytest.raises(core.CheckFailed, match="not accepted: your code"):
+        core.run(chapter.checks, mutant.exercise, mutant.obj, level="visible", seed=0, quiet=True)
+    check = chapter.load_checks()[mutant.exercise]
+    verdict = core.judge_check(check, core.local_probe(mutant.obj, check.forbidden), lambda case: [0], level="visible")
+    assert verdict.status == "flagged", verdict
+    assert "which this exercise asks you to write yourself" in verdict.reason, verdict
 
 
 @pytest.mark.parametrize("chapter", registry.CHAPTERS, ids=registry.ids())

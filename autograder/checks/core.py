@@ -64,9 +64,11 @@ class Check:
     name: str  # the exercise name, as in the registry ("softmax")
     visible: tuple[Case, ...]
     hidden: tuple[Case, ...] = ()
-    # PyTorch functions and operators the learner's code may not call for this exercise
-    # (fnmatch patterns of their names, e.g. "*softmax*"), because calling them is
-    # delegating the exercise; the chapter's own library modules are always forbidden.
+    # What the learner's code may not call for this exercise, because calling it is delegating
+    # the exercise: PyTorch functions and operators (fnmatch patterns of their names, e.g.
+    # "*softmax*"), and other libraries' functions by their dotted name
+    # ("torchvision.models.vision_transformer.interpolate_embeddings"); the chapter's own library
+    # modules are always forbidden.
     forbidden: tuple[str, ...] = field(default=())
 
     def cases(self, level: str) -> tuple[Case, ...]:

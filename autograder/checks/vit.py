@@ -641,6 +641,8 @@ CHECKS: dict[str, Check] = {
             Case("float64", lambda g: _interp_inputs(g, dtype=torch.float64), "call", _judge_interp),
             Case("patch positions that are not a square grid", _interp_bad_inputs, "call_or_error", _judge_interp_bad),
         ),
+        # torchvision's function is what the check compares with (the notebook says not to call it).
+        forbidden=("torchvision.models.vision_transformer.interpolate_embeddings",),
     ),
 }
 

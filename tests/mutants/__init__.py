@@ -21,6 +21,7 @@ class Mutant:
     exercise: str  # the Exercise.name it targets ("softmax")
     description: str  # the real failure mode it models, with its source if a public implementation had it
     obj: Any  # the buggy function or class, handed to the check in place of the learner's
+    delegates: bool = False  # the mistake is calling what the exercise asks to write: refused as delegation
 
 
 def chapter_of(mutants_module: str):

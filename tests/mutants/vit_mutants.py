@@ -8,12 +8,14 @@ checks flag on its own, and a mutant must be caught by the check of its mistake.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
 from einops.layers.torch import Rearrange
 from torch import nn
+from torchvision.models import vision_transformer
 
 from mutants import Mutant  # tests/ is on sys.path under pytest
 from solutions.multihead import MultiHeadAttention
@@ -244,6 +246,13 @@ def interp_as_one_sequence(position_embedding, grid_size):
     return resized.transpose(1, 2)
 
 
+def interp_calls_torchvision(position_embedding, grid_size):
+    _split(position_embedding)
+    patch = 16  # any patch size: only the grid matters
+    state = OrderedDict({"encoder.pos_embedding": position_embedding})
+    return vision_transformer.interpolate_embeddings(grid_size * patch, patch, state)["encoder.pos_embedding"]
+
+
 def interp_flattened_column_major(position_embedding, grid_size):
     cls, patches, side = _split(position_embedding)
     grid = rearrange(patches, "1 (h w) d_model -> 1 d_model h w", h=side)
@@ -305,6 +314,10 @@ MUTANTS: list[Mutant] = [
     Mutant("interp_as_one_sequence", "interpolate_position_embeddings",
            "the whole table, [CLS] included, stretched as a 1-D sequence: the 2-D grid of patches is lost",
            interp_as_one_sequence),
+    Mutant("interp_calls_torchvision", "interpolate_position_embeddings",
+           "torchvision's interpolate_embeddings called instead of writing the interpolation (the function the "
+           "check compares with, which the notebook says not to call): right numbers, delegated",
+           interp_calls_torchvision, delegates=True),
     Mutant("interp_flattened_column_major", "interpolate_position_embeddings",
            "the resized grid flattened column by column, (w h), while patches are numbered row by row",
            interp_flattened_column_major),

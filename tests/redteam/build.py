@@ -145,7 +145,8 @@ def build(root: Path, source_dir: Path, chapters: tuple[str, ...] = (CH1,)) -> d
     hostile("segfault", "import ctypes\nctypes.string_at(0)", "crashed")
     hostile("alloc_50gb", "import torch\nx = torch.ones(50 * 2**30, dtype=torch.uint8)\nreturn x", "memory",
             in_function=True)
-    hostile("fork_bomb", "import os\nwhile True:\n    os.fork()", "error", in_function=True)
+    # a process started while the check runs is out of its sight: refused whatever it does (0 points, as before)
+    hostile("fork_bomb", "import os\nwhile True:\n    os.fork()", "flagged", in_function=True)
     hostile("print_1gb", "for _ in range(2**20):\n    print('x' * 1024)", "error")
 
     nb = wrong_padding()

@@ -19,6 +19,7 @@ from redteam.build import CH1, CH1_POINTS, WRONG_PADDING, insert_after_imports, 
 
 NB = f"{CH1}.ipynb"
 SECRET = b"HOST-SECRET-5b1d2e77"
+DEEP_LEVELS = 1500  # folders above too_deep's notebook: past Python's recursion limit (1000)
 FULL = sum(CH1_POINTS.values())
 
 
@@ -37,6 +38,23 @@ def _write(root: Path, student: bytes, nb, name: bytes = NB.encode()) -> Path:
     return path
 
 
+def _deep_tree(top: Path, levels: int, nb) -> None:
+    """``top/d/d/…/d/NB``, ``levels`` folders deep (by descriptors: the path is longer than PATH_MAX)."""
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            os.mkdir("d", dir_fd=fd)
+            deeper = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+        out = os.open(NB, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        with os.fdopen(out, "w", encoding="utf-8") as f:
+            nbformat.write(nb, f)
+    finally:
+        os.close(fd)
+
+
 def host_files(host: Path) -> dict[str, Path]:
     """Files outside the sandbox: a root-only secret, and a file of another user."""
     host.mkdir(parents=True, exist_ok=True)
@@ -51,50 +69,76 @@ def host_files(host: Path) -> dict[str, Path]:
     return {"secret": secret, "other": other}
 
 
-def build(root: Path, source_dir: Path, host: dict[str, Path]) -> dict[str, dict]:
-    subs = Path(root) / "submissions"
-    subs.mkdir(parents=True)
-    honest = lambda: solved(CH1, source_dir)  # noqa: E731
-    out: dict[str, dict] = {}
+class _Batch:
+    """The submissions folder being written and the expectation of each student."""
 
-    def add(student: bytes, nb, expectation: dict, display: str | None = None) -> None:
-        _write(subs, student, nb)
-        out[display or student.decode()] = expectation
+    def __init__(self, subs: Path, source_dir: Path) -> None:
+        self.subs, self.source_dir = subs, source_dir
+        self.out: dict[str, dict] = {}
 
-    def padding(cell: str, expectation: dict, student: str, *, in_function: bool = False) -> None:
-        nb = honest()
+    def honest(self):
+        return solved(CH1, self.source_dir)
+
+    def add(self, student: bytes, nb, expectation: dict, display: str | None = None) -> None:
+        _write(self.subs, student, nb)
+        self.out[display or student.decode()] = expectation
+
+    def padding(self, cell: str, expectation: dict, student: str, *, in_function: bool = False) -> None:
+        nb = self.honest()
         if in_function:  # the learner's function misbehaves when called
             body = "\n".join("    " + line for line in cell.splitlines())
             set_cell(nb, "padding_mask_solution", f"def padding_mask(tokens, pad_id):\n{body}\n")
         else:  # the cell that defines padding_mask misbehaves after defining it
             set_cell(nb, "padding_mask_solution", cell, append=True)
-        add(student.encode(), nb, expectation)
+        self.add(student.encode(), nb, expectation)
 
-    add(b"control", honest(), expect())
 
-    # --- files and paths: never followed, never read beyond what is needed ---
+def build(root: Path, source_dir: Path, host: dict[str, Path]) -> dict[str, dict]:
+    subs = Path(root) / "submissions"
+    subs.mkdir(parents=True)
+    batch = _Batch(subs, Path(source_dir))
+    batch.add(b"control", batch.honest(), expect())
+    for section in (_files_and_paths, _names, _one_notebook_per_chapter, _statuses, _answers, _sandbox,
+                    _static_pass, _dodges):
+        section(batch, host)
+    return batch.out
+
+
+def _files_and_paths(batch: _Batch, host: dict[str, Path]) -> None:
+    """Never followed, never read beyond what is needed."""
+    subs, out, invalid = batch.subs, batch.out, expect(0, **{ex: "invalid" for ex in CH1_POINTS})
     (subs / "link_peer").mkdir()
     os.symlink(subs / "control" / NB, subs / "link_peer" / NB)
-    out["link_peer"] = expect(0, **{ex: "invalid" for ex in CH1_POINTS})
+    out["link_peer"] = invalid
     (subs / "link_source").mkdir()
-    os.symlink(Path(source_dir) / CH1 / NB, subs / "link_source" / NB)
-    out["link_source"] = expect(0, **{ex: "invalid" for ex in CH1_POINTS})
+    os.symlink(batch.source_dir / CH1 / NB, subs / "link_source" / NB)
+    out["link_source"] = invalid
+    # nbgrader's course layout: submitted/<student>/<chapter>/<chapter>.ipynb beside source/<chapter>/<chapter>.ipynb
+    (subs / "link_relative" / CH1).mkdir(parents=True)
+    relative = subs / "link_relative" / CH1 / NB
+    os.symlink(f"../../../source/{CH1}/{NB}", relative)
+    assert relative.resolve() == (batch.source_dir / CH1 / NB).resolve(), "the source copy must be ROOT/source"
+    out["link_relative"] = invalid
     (subs / "link_secret").mkdir()
     os.symlink(host["secret"], subs / "link_secret" / NB)
-    out["link_secret"] = expect(0, **{ex: "invalid" for ex in CH1_POINTS})
+    out["link_secret"] = invalid
     os.symlink(subs / "control", subs / "link_folder")
     out["link_folder"] = expect(0, **{ex: "missing" for ex in CH1_POINTS})
     (subs / "fifo").mkdir()
     os.mkfifo(subs / "fifo" / NB)
-    out["fifo"] = expect(0, **{ex: "invalid" for ex in CH1_POINTS})
+    out["fifo"] = invalid
     (subs / "sparse").mkdir()
     with open(subs / "sparse" / NB, "wb") as f:
         f.truncate(100 * 2**30)
-    out["sparse"] = expect(0, **{ex: "invalid" for ex in CH1_POINTS})
-    _write(subs, b"too_deep/1/2/3/4/5/6/7/8/9", honest())
+    out["sparse"] = invalid
+    _deep_tree(subs / "too_deep", DEEP_LEVELS, batch.honest())  # deep enough to have broken a recursive walk
     out["too_deep"] = expect(0, **{ex: "missing" for ex in CH1_POINTS})
+    _write(subs, b".hidden", batch.honest())  # not graded, and listed as skipped with the reason: not in `out`
 
-    # --- names: any bytes; shown escaped, one-to-one, never as a formula or a terminal command ---
+
+def _names(batch: _Batch, host: dict[str, Path]) -> None:
+    """Any bytes; shown escaped, one-to-one, never as a formula or a terminal command."""
+    add, honest = batch.add, batch.honest
     add(b"stud\xffent", honest(), expect(), display="stud\\xffent")
     add(b"eve\rmallory", honest(), expect(), display="eve\\x0dmallory")
     add(b"=HYPERLINK(\"x\")", honest(), expect())
@@ -107,22 +151,27 @@ def build(root: Path, source_dir: Path, host: dict[str, Path]) -> dict[str, dict
     add(b"n" * 240, honest(), expect())
     add(b"\x1b]52;c;aGVsbG8=\x07clip", honest(), expect(), display="\\x1b]52;c;aGVsbG8=\\x07clip")
 
-    # --- one chapter, one notebook ---
-    _write(subs, b"dup", honest())
-    _write(subs, b"dup/old", honest(), name=f"{CH1}-Copy1.ipynb".encode())
-    out["dup"] = expect()
-    _write(subs, b"renamed", honest(), name=f"{CH1} (1).ipynb".encode())
-    out["renamed"] = expect()
 
-    # --- statuses from the grader's classification, never from a name the student chose ---
-    padding("class MemoryError(Exception):\n    pass\nraise MemoryError('fake')", expect(padding_mask="error"),
-            "named_memoryerror", in_function=True)
-    padding("class Missing(Exception):\n    pass\nraise Missing('fake')", expect(padding_mask="error"),
-            "named_missing", in_function=True)
-    padding("raise ValueError('\\x1b[2J\\x1b]0;pwned\\x07 cleared')", expect(padding_mask="error"),
-            "escape_message", in_function=True)
+def _one_notebook_per_chapter(batch: _Batch, host: dict[str, Path]) -> None:
+    _write(batch.subs, b"dup", batch.honest())
+    _write(batch.subs, b"dup/old", batch.honest(), name=f"{CH1}-Copy1.ipynb".encode())
+    batch.out["dup"] = expect()
+    _write(batch.subs, b"renamed", batch.honest(), name=f"{CH1} (1).ipynb".encode())
+    batch.out["renamed"] = expect()
 
-    # --- the kernel's answers are untrusted: deep, wrong shapes, huge ---
+
+def _statuses(batch: _Batch, host: dict[str, Path]) -> None:
+    """From the grader's classification, never from a name the student chose."""
+    batch.padding("class MemoryError(Exception):\n    pass\nraise MemoryError('fake')", expect(padding_mask="error"),
+                  "named_memoryerror", in_function=True)
+    batch.padding("class Missing(Exception):\n    pass\nraise Missing('fake')", expect(padding_mask="error"),
+                  "named_missing", in_function=True)
+    batch.padding("raise ValueError('\\x1b[2J\\x1b]0;pwned\\x07 cleared')", expect(padding_mask="error"),
+                  "escape_message", in_function=True)
+
+
+def _answers(batch: _Batch, host: dict[str, Path]) -> None:
+    """The kernel's answers are untrusted (deep, wrong shapes, huge), and so is its reading of its input."""
     for student, payload in (
         ("deep_answer", "'{\"ok\": true, \"outputs\": \"' + '[' * 200000 + '\"}'"),
         ("list_answer", "'[1, 2, 3]'"),
@@ -134,22 +183,23 @@ def build(root: Path, source_dir: Path, host: dict[str, Path]) -> dict[str, dict
                  f"        return {payload}\n"
                  "    return _real(obj, *a, **k)\n"
                  "_json.dumps = _fake\n")
-        nb = honest()
+        nb = batch.honest()
         insert_after_imports(nb, patch)
-        add(student.encode(), nb, expect(0, **{ex: "any" for ex in CH1_POINTS}))  # sabotaged every answer
-
-    # --- a kernel that stops reading its input, then a large cell is sent: every write has a deadline ---
-    nb = honest()
+        batch.add(student.encode(), nb, expect(0, **{ex: "any" for ex in CH1_POINTS}))  # sabotaged every answer
+    # a kernel that stops reading its input, then a large cell is sent: every write has a deadline
+    nb = batch.honest()
     insert_after_imports(nb, "import os\n_keep = os.dup(0)\n_r, _w = os.pipe()\nos.dup2(_r, 0)\n")
     set_cell(nb, "padding_mask_solution", "# " + "x" * 300_000 + "\n" + "def padding_mask(tokens, pad_id):\n"
              "    return (tokens != pad_id)[:, None, None, :]\n")
-    add(b"stops_reading", nb, expect(0, **{ex: "timeout" for ex in CH1_POINTS}))
+    batch.add(b"stops_reading", nb, expect(0, **{ex: "timeout" for ex in CH1_POINTS}))
 
-    # --- the sandbox's files: deep chains, links to host files, the total written ---
-    padding("import os\nos.chdir('/sandbox')\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\n"
-            f"os.symlink({str(host['secret'])!r}, '/sandbox/s')\nos.symlink({str(host['other'])!r}, '/tmp/o')\n"
-            "os._exit(3)", expect(padding_mask="crashed"), "deep_scratch")
-    nb = honest()  # correct only if it could write more than the sandbox's disk cap
+
+def _sandbox(batch: _Batch, host: dict[str, Path]) -> None:
+    """The sandbox's files: deep chains, links to host files, the total written."""
+    batch.padding("import os\nos.chdir('/sandbox')\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\n"
+                  f"os.symlink({str(host['secret'])!r}, '/sandbox/s')\nos.symlink({str(host['other'])!r}, '/tmp/o')\n"
+                  "os._exit(3)", expect(padding_mask="crashed"), "deep_scratch")
+    nb = batch.honest()  # correct only if it could write more than the sandbox's disk cap
     set_cell(nb, "padding_mask_solution", WRONG_PADDING + "import os\n_total = 0\nfor _dir in ('/sandbox', '/tmp'):\n"
              "    for _i in range(12):\n        try:\n"
              "            with open(f'{_dir}/f{_i}', 'wb') as _f:\n                _f.write(b'x' * (32 * 2**20))\n"
@@ -158,34 +208,41 @@ def build(root: Path, source_dir: Path, host: dict[str, Path]) -> dict[str, dict
              "        if os.path.exists(f'{_dir}/f{_i}'):\n            os.unlink(f'{_dir}/f{_i}')\n"
              "if _total > 300 * 2**20:\n    def padding_mask(tokens, pad_id):\n"
              "        return (tokens != pad_id)[:, None, None, :]\n")
-    add(b"disk_filler", nb, expect(padding_mask="failed"))
+    batch.add(b"disk_filler", nb, expect(padding_mask="failed"))
 
-    # --- the static pass on a very large cell ---
-    nb = honest()
+
+def _static_pass(batch: _Batch, host: dict[str, Path]) -> None:
+    """A very large cell (test_hostile_batch_static_pass_on_a_huge_cell_is_quick reads its time)."""
+    nb = batch.honest()
     big = "def padding_mask(tokens, pad_id):\n" + "    _x = (tokens + 1) * 2 - 1\n" * 14_000 + \
           "    return (tokens != pad_id)[:, None, None, :]\n"
     set_cell(nb, "padding_mask_solution", big)
-    add(b"huge_cell", nb, expect())
+    batch.add(b"huge_cell", nb, expect())
 
-    # --- delegation dodges the static pass alone would miss; the run-time rule does not ---
-    for student, cell in (
-        ("dodge_alias", "import torch.nn.functional as F\n_sm = F.softmax\n"),
-        ("dodge_module", ""),
-        ("dodge_getattr", ""),
-        ("dodge_private", ""),
-        ("dodge_log", ""),
-    ):
-        nb = honest()
-        body = {
-            "dodge_alias": "def softmax(x, dim=-1):\n    return _sm(x, dim)\n",
-            "dodge_module": "import torch\ndef softmax(x, dim=-1):\n    return torch.nn.Softmax(dim)(x)\n",
-            "dodge_getattr": "import torch\ndef softmax(x, dim=-1):\n    return getattr(torch, 'soft' + 'max')(x, dim)\n",
-            "dodge_private": "import torch\ndef softmax(x, dim=-1):\n    return torch._softmax(x, dim, False)\n",
-            "dodge_log": "def softmax(x, dim=-1):\n    return x.log_softmax(dim).exp()\n",
-        }[student]
+
+DODGES = {  # student -> (a cell after the imports, the softmax cell)
+    "dodge_alias": ("import torch.nn.functional as F\n_sm = F.softmax\n",
+                    "def softmax(x, dim=-1):\n    return _sm(x, dim)\n"),
+    "dodge_module": ("", "import torch\ndef softmax(x, dim=-1):\n    return torch.nn.Softmax(dim)(x)\n"),
+    "dodge_getattr": ("", "import torch\ndef softmax(x, dim=-1):\n    return getattr(torch, 'soft' + 'max')(x, dim)\n"),
+    "dodge_private": ("", "import torch\ndef softmax(x, dim=-1):\n    return torch._softmax(x, dim, False)\n"),
+    "dodge_log": ("", "def softmax(x, dim=-1):\n    return x.log_softmax(dim).exp()\n"),
+    # PyTorch's function modes switched off around the call, every name built from pieces (no name the
+    # static pass knows appears): for the run-time guard alone
+    "dodge_disable_modes": ("", "import importlib\nimport torch\ndef softmax(x, dim=-1):\n"
+                                "    modes = importlib.import_module('torch.utils._python' + '_dispatch')\n"
+                                "    with getattr(torch._C, 'Disable' + 'TorchFunction')(), "
+                                "getattr(modes, '_disable_' + 'current_modes')():\n"
+                                "        return getattr(torch, 'soft' + 'max')(x, dim)\n"),
+}
+
+
+def _dodges(batch: _Batch, host: dict[str, Path]) -> None:
+    """Delegation dodges the static pass alone would miss; the run-time rule does not."""
+    for student, (cell, body) in DODGES.items():
+        nb = batch.honest()
         if cell:
             insert_after_imports(nb, cell)
         set_cell(nb, "softmax_solution", body)
         # scaled_dot_product_attention calls the learner's softmax, so it delegates too (the same in the notebook)
-        add(student.encode(), nb, expect(softmax="flagged", scaled_dot_product_attention="flagged"))
-    return out
+        batch.add(student.encode(), nb, expect(softmax="flagged", scaled_dot_product_attention="flagged"))
