@@ -45,9 +45,10 @@ lab: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The inner loop: library, registry, checks and mutants; no notebooks, browser, sandbox or training.
+# The inner loop (about 2 minutes): library, registry, checks and mutants; no notebooks, browser, sandbox,
+# training, or course commands run in a child process (make test runs those).
 check: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not browser and not sandbox" --ignore-glob='tests/test_train_*' $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not browser and not sandbox and not subprocess" --ignore-glob='tests/test_train_*' $(PYTEST_ARGS)
 
 # Regenerate the student release course/ from autograder/source/ (nbgrader generate_assignment).
 # Notebooks changed after their release are kept: RELEASE_ARGS=--force discards them.

@@ -60,6 +60,7 @@ def test_bench_quick_prints_table_and_json(tmp_path: Path) -> None:
     assert all(r["identical"] and r["ok"] == (r["speedup"] > 1) for r in decoders)
 
 
+@pytest.mark.subprocess
 def test_bench_memory_case_child_reports_bytes() -> None:
     proc = subprocess.run([sys.executable, "-m", "solutions.bench", "--_memory-case", "plain,1024,1"],
                           capture_output=True, text=True, timeout=300, check=True)

@@ -108,6 +108,7 @@ def test_student_config_enables_only_student_nbgrader():
         "@jupyter/nbgrader:assignment-list"}
 
 
+@pytest.mark.subprocess
 def test_student_config_effective_in_jupyterlab():
     """JupyterLab itself reports the instructor plugins disabled when the student config is on the path."""
     env = {**os.environ, "JUPYTER_CONFIG_PATH": str(STUDENT_CONFIG)}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import csv
 import subprocess
 import sys
@@ -31,6 +33,7 @@ def _feedback(tmp_path: Path) -> Path:
     return out
 
 
+@pytest.mark.subprocess
 def test_feedback_one_page_per_student_with_scores_and_hints(tmp_path):
     out = _feedback(tmp_path)
     assert sorted(p.name for p in out.iterdir()) == ["ada.html", "bob.html"]
@@ -41,6 +44,7 @@ def test_feedback_one_page_per_student_with_scores_and_hints(tmp_path):
     assert "stopped: took too long" in (out / "bob.html").read_text()
 
 
+@pytest.mark.subprocess
 def test_feedback_never_contains_hidden_tests(tmp_path):
     out = _feedback(tmp_path)
     for page in out.iterdir():

@@ -347,6 +347,7 @@ def test_notebook_with_more_code_than_the_static_pass_reads_is_invalid_at_once(m
     assert not any("SECRET" in r["reason"] or "yyy" in r["reason"] for r in rows)
 
 
+@pytest.mark.subprocess
 def test_the_notebook_deadline_includes_the_static_pass(monkeypatch):
     """A static pass that takes the whole notebook's time leaves none for the kernel: every exercise
     `timeout`, and no kernel is started."""
@@ -580,6 +581,7 @@ def test_hidden_paths_every_checks_module_and_the_answers_not_yet_due(chapter):
             assert (f in hidden) == (other.number >= chapter.number), (other.id, f)
 
 
+@pytest.mark.subprocess
 def test_selfcheck_kernel_that_stops_reading_its_input_times_out_on_a_large_cell():
     """`autograder check` (its kernel at its own isolation level and limits) shares the grader's writes: a kernel
     that stops reading its input while a 300 KB cell is written to it is a timeout, not a hang."""
@@ -664,6 +666,7 @@ def _live_in_session(session: int) -> list[int]:
     return found
 
 
+@pytest.mark.subprocess
 def test_reap_without_a_sandbox_kills_a_sleeper_and_a_process_that_keeps_moving():
     """Level ``none`` (the self-check, and grading without bubblewrap): after a request nothing the
     learner's code started is left in the runner's session: neither a sleeping child nor a process
@@ -793,6 +796,7 @@ def _grade(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           cwd=cwd, timeout=120)
 
 
+@pytest.mark.subprocess
 def test_grade_without_notebooks_exits_1_with_the_layout(tmp_path):
     (tmp_path / "subs" / "alice").mkdir(parents=True)
     (tmp_path / "subs" / "bob").mkdir()
@@ -802,12 +806,14 @@ def test_grade_without_notebooks_exits_1_with_the_layout(tmp_path):
     assert line.startswith("error: no notebook found") and "2 student folder(s)" in line and NB in line
 
 
+@pytest.mark.subprocess
 def test_grade_with_only_unknown_names_exits_1(tmp_path):
     _touch(tmp_path / "subs" / "alice" / "homework.ipynb")
     done = _grade(str(tmp_path / "subs"), "--out", str(tmp_path / "out" / "g.csv"), cwd=tmp_path)
     assert done.returncode == 1 and "has a chapter's name" in done.stderr
 
 
+@pytest.mark.subprocess
 def test_grade_out_inside_submissions_is_refused(tmp_path):
     _touch(tmp_path / "subs" / "alice" / NB)
     done = _grade(str(tmp_path / "subs"), "--out", str(tmp_path / "subs" / "g.csv"), cwd=tmp_path)
@@ -839,6 +845,7 @@ def test_runner_error_kind_by_class_not_by_name():
 # --- the gradebook follows the registry's points ----------------------------------------------------
 
 
+@pytest.mark.subprocess
 def test_gradebook_sets_the_max_score_of_an_existing_grade_cell_to_the_registry_points(tmp_path):
     """A gradebook made when an exercise was worth other points (or by hand) gets the registry's points,
     so nbgrader's totals agree with grades.csv."""

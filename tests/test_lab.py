@@ -51,6 +51,7 @@ RECORDER = ("python3 -c 'import json, os, sys; json.dump({\"env\": dict(os.envir
             "open(os.environ[\"LAB_RECORD\"], \"w\"))'")
 
 
+@pytest.mark.subprocess
 def test_make_lab_exports_the_course_environment_and_fills_the_work_folder(tmp_path):
     record = tmp_path / "record.json"
     work = tmp_path / "work"
