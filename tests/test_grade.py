@@ -87,6 +87,15 @@ def test_grade_redteam_exact_scores(corpus):
 @needs_sandbox
 @pytest.mark.sandbox
 @pytest.mark.slow
+def test_grade_reports_a_syntax_error_as_such_with_its_line(corpus):
+    rows = _rows(corpus["tmp"] / "out" / "grades.csv")
+    reason = next(r["reason"] for r in rows if r["notebook"].startswith("syntax_error/") and r["exercise"] == "padding_mask")
+    assert "syntax error (line 2" in reason and "not done" not in reason, reason
+
+
+@needs_sandbox
+@pytest.mark.sandbox
+@pytest.mark.slow
 def test_grade_leaves_submissions_byte_identical(corpus):
     assert corpus["result"].returncode == 0
     assert _hashes(corpus["tmp"] / "submissions") == corpus["before"]

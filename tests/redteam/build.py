@@ -22,6 +22,8 @@ CH1 = "01_attention_by_hand"
 CH1_POINTS = {e.name: e.points for e in registry.get(CH1).exercises}  # follows the registry
 SENTINEL = "REDTEAM-SENTINEL-7f3c9a1e"  # planted in the hidden tests of the source copy the grader uses
 
+# A bracket never closed: graded as an error that says "syntax error" and gives the line, never "not done".
+SYNTAX_ERROR_PADDING = "def padding_mask(tokens, pad_id):\n    return (tokens != pad_id[:, None, None, :]\n"
 WRONG_PADDING = '''def padding_mask(tokens, pad_id):
     """True where the key is a real token, False where it is padding."""
     return (tokens == pad_id)[:, None, None, :]  # inverted: the mistake a hostile submission tries to hide
@@ -128,6 +130,9 @@ def build(root: Path, source_dir: Path, chapters: tuple[str, ...] = (CH1,)) -> d
     add("one_solved", solved(CH1, source_dir, only={"softmax"}),
         {ex: ([2, "passed"] if ex == "softmax" else [0, "missing"]) for ex in CH1_POINTS})
     add("wrong", wrong_padding(), expect(CH1_POINTS, padding_mask="failed"))
+    syntax = solved(CH1, source_dir)
+    set_cell(syntax, "padding_mask_solution", SYNTAX_ERROR_PADDING)
+    add("syntax_error", syntax, expect(CH1_POINTS, padding_mask="error"))
 
     # --- hostile: each one targets padding_mask (1 point); the rest is solved honestly ---
     def hostile(student: str, cell: str, status: str, *, in_function: bool = False) -> None:
