@@ -75,7 +75,7 @@ def choose(setting: str, system: str, gpu: Callable[[], bool]) -> tuple[str | No
         return None, f"the default PyTorch wheels for {system} have no CUDA libraries"
     if gpu():
         return None, "an NVIDIA GPU is present: the default build, with CUDA"
-    return CPU_INDEX, "no NVIDIA GPU found: the CPU build (about 1.6 GB instead of 6 GB)"
+    return CPU_INDEX, "no NVIDIA GPU found: the CPU build (about 1.7 GB instead of 6.2 GB)"
 
 
 def requirements(pyproject: Path = PYPROJECT) -> list[str]:
