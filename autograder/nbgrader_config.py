@@ -26,3 +26,6 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 c.Execute.timeout = 300
 c.Execute.interrupt_on_timeout = True
 c.Execute.allow_errors = True
+# Waits for the kernel in slices of 1 s, so a lost zmq wake-up cannot hold a cell until its timeout
+# (autograder/kernel_client.py).
+c.Execute.kernel_manager_class = "autograder.kernel_client.SlicedKernelManager"

@@ -22,6 +22,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+from autograder.kernel_client import SlicedKernelManager
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "autograder" / "source"
 COURSE = ROOT / "course"
@@ -42,7 +44,7 @@ def measure(path: Path, *, allow_errors: bool) -> tuple[float, int, int]:
     nb = nbformat.read(path, as_version=4)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MPLBACKEND="Agg")
     with tempfile.TemporaryDirectory() as cwd:
-        client = NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=allow_errors,
+        client = NotebookClient(nb, kernel_manager_class=SlicedKernelManager, timeout=600, kernel_name="python3", allow_errors=allow_errors,
                                 resources={"metadata": {"path": cwd}})
         start = time.perf_counter()
         with client.setup_kernel(env=env):

@@ -25,6 +25,7 @@ import pytest
 from nbclient import NotebookClient
 
 from autograder import registry
+from autograder.kernel_client import SlicedKernelManager
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(sys.prefix)
@@ -102,7 +103,7 @@ def test_lab_terminal_shell_is_not_a_login_shell_and_puts_the_venv_first(tmp_pat
 def _start_here_command(work: Path, tmp_path: Path) -> str:
     """Run the start-here notebook in the work folder and return the self-check command it prints."""
     nb = nbformat.read(work / "00_start_here.ipynb", as_version=4)
-    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
+    NotebookClient(nb, kernel_manager_class=SlicedKernelManager, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
     printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     commands = re.findall(r"^python -m autograder check .+$", printed, re.MULTILINE)
     assert len(commands) == 1, printed

@@ -27,6 +27,7 @@ import pytest
 from nbclient import NotebookClient
 
 from autograder import registry, sandbox
+from autograder.kernel_client import SlicedKernelManager
 from autograder.release import CONFIG_FILE, make_course_dir
 from redteam import build as redteam
 
@@ -132,7 +133,7 @@ def _meta(cell) -> dict:
 def notebook_points(nb: nbformat.NotebookNode, chapter: registry.Chapter, cwd: Path) -> dict[str, float]:
     """Run the notebook as a learner would; an exercise scores when its test cell raised nothing."""
     nb = nbformat.from_dict(nb)
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
+    client = NotebookClient(nb, kernel_manager_class=SlicedKernelManager, timeout=600, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(cwd)}})
     with client.setup_kernel(env=kernel_env()):
         for index, cell in enumerate(nb.cells):

@@ -15,6 +15,7 @@ import pytest
 from nbclient import NotebookClient
 
 from autograder import publish, registry
+from autograder.kernel_client import SlicedKernelManager
 
 ROOT = Path(__file__).resolve().parent.parent
 FIRST = registry.CHAPTERS[0]
@@ -116,7 +117,7 @@ def test_student_edition_runs_chapter_1_with_a_learners_answers(edition, monkeyp
     monkeypatch.setenv("PYTHONPATH", str(edition))
     monkeypatch.setenv("TDD_QUICK", "1")
     nb.cells.insert(0, nbformat.v4.new_code_cell("import autograder, solutions\nprint('from', autograder.__file__, solutions.__file__)"))
-    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+    NotebookClient(nb, kernel_manager_class=SlicedKernelManager, timeout=300, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(notebook.parent)}}).execute()
     printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]

@@ -23,6 +23,7 @@ import pytest
 from nbclient import NotebookClient
 
 from autograder import registry
+from autograder.kernel_client import SlicedKernelManager
 from autograder.release import RUN_ALL_TAG
 
 CHAPTERS = [c for c in registry.CHAPTERS if c.release_path().is_file()]
@@ -57,7 +58,7 @@ def test_release_tags_exactly_the_test_cells_raises_exception(chapter):
 def test_run_all_on_an_untouched_release_executes_every_cell(chapter, tmp_path, monkeypatch):
     _quick_env(monkeypatch)
     nb = nbformat.read(chapter.release_path(), as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=False,
+    NotebookClient(nb, kernel_manager_class=SlicedKernelManager, timeout=600, kernel_name="python3", allow_errors=False,
                    resources={"metadata": {"path": str(tmp_path)}}).execute()  # stops at an untagged error
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count for c in code), "a code cell did not run"

@@ -11,6 +11,7 @@ import pytest
 from nbclient import NotebookClient
 
 from autograder import registry
+from autograder.kernel_client import SlicedKernelManager
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "course" / "00_start_here.ipynb"
 
@@ -22,7 +23,7 @@ def _text(cell) -> str:
 @pytest.mark.slow
 def test_start_here_runs_without_error(tmp_path):
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(nb, kernel_manager_class=SlicedKernelManager, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(o.output_type != "error" for c in code for o in c.outputs)
     out = "\n".join(_text(c) for c in code)
