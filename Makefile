@@ -11,6 +11,10 @@ LAB_ARGS ?=
 # Jupyter refuses to start as root (containers, CI) unless told to.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 PYTEST_ARGS ?=
+# Two test workers; the tests that read one session run (a grading batch, a chapter's nbgrader autograde,
+# JupyterLab) go to the same worker (tests/conftest.py). WORKERS=0 runs everything in one process.
+WORKERS ?= 2
+XDIST := $(if $(filter 0,$(WORKERS)),-p no:xdist,-n $(WORKERS) --dist loadgroup)
 RELEASE_ARGS ?=
 # PyTorch build: auto (the CPU build on Linux without an NVIDIA GPU), cpu, default or an index URL.
 TORCH_INDEX ?= auto
@@ -43,12 +47,12 @@ lab: $(STAMP)
 	exec $(LAB) --notebook-dir="$(WORK)" $(ROOT_ARGS) $(LAB_ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
-# The inner loop (about 2 minutes): library, registry, checks and mutants; no notebooks, browser, sandbox,
-# training, or course commands run in a child process (make test runs those).
+# The inner loop (under 2 minutes): library, registry, checks and mutants, selected by marker: no notebooks,
+# browser, sandbox, training, or course commands run in a child process (make test runs those).
 check: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not browser and not sandbox and not subprocess" --ignore-glob='tests/test_train_*' $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not browser and not sandbox and not subprocess and not train" $(PYTEST_ARGS)
 
 # Regenerate the student release course/ from autograder/source/ (nbgrader generate_assignment).
 # Notebooks changed after their release are kept: RELEASE_ARGS=--force discards them.

@@ -187,6 +187,28 @@ def replace_folder(release: Path, target: Path, *, force: bool = False) -> None:
         shutil.copyfile(release / relative, target / relative)
 
 
+def generate_in_course(root: Path, source_dir: Path = SOURCE_DIR, names: list[str] | None = None) -> list[str]:
+    """nbgrader ``generate_assignment`` of the chapters of ``source_dir`` (or ``names``) in the nbgrader course
+    directory ``root`` (its gradebook: ``root/gradebook.db``), each release notebook stamped in
+    ``root/release/NN_name/``; returns the chapters' names."""
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+
+    ensure_scripts_on_path()
+    names = make_course_dir(root, source_dir, names)
+    config = nbgrader_config(root)
+    api = NbGraderAPI(CourseDirectory(config=config), config=config)
+    for name in names:
+        result = api.generate_assignment(name, force=True, create=True)
+        if not result["success"]:
+            raise RuntimeError(f"nbgrader generate_assignment failed for {name}:\n"
+                               f"{result.get('error', '')}\n{result.get('log', '')}")
+        for notebook in (root / "release" / name).rglob("*.ipynb"):
+            # One canonical serialisation, so that regenerating gives identical bytes.
+            nbformat.write(stamped(nbformat.read(notebook, as_version=4)), notebook)
+    return names
+
+
 def generate(out_dir: Path, source_dir: Path = SOURCE_DIR, names: list[str] | None = None, *,
              force: bool = False) -> list[str]:
     """Write ``out_dir/NN_name/`` (the nbgrader release) for every chapter of ``source_dir`` (or ``names``).
@@ -194,24 +216,9 @@ def generate(out_dir: Path, source_dir: Path = SOURCE_DIR, names: list[str] | No
     Raises :class:`EditedNotebooks` and writes nothing when a notebook of ``out_dir/NN_name/`` has changes
     of its own, unless ``force``: then those notebooks are overwritten or deleted like the others.
     """
-    from nbgrader.apps import NbGraderAPI
-    from nbgrader.coursedir import CourseDirectory
-
-    ensure_scripts_on_path()
     with tempfile.TemporaryDirectory(prefix="tdd-nbgrader-") as tmp:
         root = Path(tmp)
-        names = make_course_dir(root, source_dir, names)
-        config = nbgrader_config(root)
-        api = NbGraderAPI(CourseDirectory(config=config), config=config)
-        for name in names:
-            result = api.generate_assignment(name, force=True, create=True)
-            if not result["success"]:
-                raise RuntimeError(f"nbgrader generate_assignment failed for {name}:\n"
-                                   f"{result.get('error', '')}\n{result.get('log', '')}")
-            release = root / "release" / name
-            for notebook in release.rglob("*.ipynb"):
-                # One canonical serialisation, so that regenerating gives identical bytes.
-                nbformat.write(stamped(nbformat.read(notebook, as_version=4)), notebook)
+        names = generate_in_course(root, source_dir, names)
         edited = [] if force else [p for n in names for p in edited_notebooks(root / "release" / n, out_dir / n)]
         if edited:
             raise EditedNotebooks(edited)
@@ -232,27 +239,33 @@ EDITED = ("has changes of its own (a learner's answers or outputs?): the release
 def differences(course_dir: Path = COURSE_DIR, source_dir: Path = SOURCE_DIR,
                 names: list[str] | None = None) -> list[str]:
     """The files of ``course_dir`` that are not what nbgrader generates now (with the reason)."""
-    problems = []
-    every = names is None
     with tempfile.TemporaryDirectory(prefix="tdd-release-") as tmp:
-        names = generate(Path(tmp), source_dir, names)
-        for name in names:
-            fresh, committed = _files(Path(tmp) / name), _files(course_dir / name) if (course_dir / name).is_dir() else {}
-            for path in sorted(set(fresh) | set(committed)):
-                where = f"{course_dir.name}/{name}/{path}"
-                edited = path.endswith(".ipynb") and path in committed and not is_pristine(course_dir / name / path)
-                if path not in committed:
-                    problems.append(f"{where}: missing")
-                elif edited and fresh.get(path) != committed[path]:
-                    problems.append(f"{where}: {EDITED}")
-                elif path not in fresh:
-                    problems.append(f"{where}: not generated from the source (stale)")
-                elif fresh[path] != committed[path]:
-                    problems.append(f"{where}: differs from the source")
-    if every and course_dir.is_dir():
+        generated = generate(Path(tmp), source_dir, names)
+        problems = compare(Path(tmp), course_dir, generated)
+    if names is None and course_dir.is_dir():
         for p in sorted(course_dir.iterdir()):
-            if p.is_dir() and CHAPTER_NAME.match(p.name) and p.name not in names:
+            if p.is_dir() and CHAPTER_NAME.match(p.name) and p.name not in generated:
                 problems.append(f"{course_dir.name}/{p.name}: no chapter of that name in {source_dir}")
+    return problems
+
+
+def compare(fresh_dir: Path, course_dir: Path, names: list[str]) -> list[str]:
+    """How the chapters ``names`` of ``course_dir`` differ from a fresh release in ``fresh_dir`` (with the reason)."""
+    problems = []
+    for name in names:
+        fresh = _files(fresh_dir / name)
+        committed = _files(course_dir / name) if (course_dir / name).is_dir() else {}
+        for path in sorted(set(fresh) | set(committed)):
+            where = f"{course_dir.name}/{name}/{path}"
+            edited = path.endswith(".ipynb") and path in committed and not is_pristine(course_dir / name / path)
+            if path not in committed:
+                problems.append(f"{where}: missing")
+            elif edited and fresh.get(path) != committed[path]:
+                problems.append(f"{where}: {EDITED}")
+            elif path not in fresh:
+                problems.append(f"{where}: not generated from the source (stale)")
+            elif fresh[path] != committed[path]:
+                problems.append(f"{where}: differs from the source")
     return problems
 
 

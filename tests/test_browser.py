@@ -1,7 +1,7 @@
 """The chapters in a real browser: `make lab` (JupyterLab) + headless Chromium, driven by Playwright.
 
 One JupyterLab, started by `make lab` on a temporary work folder as a learner starts it, and
-one browser serve every test:
+one browser serve every test (the session's ``lab`` and ``browser``, conftest.py):
 
 * every chapter of the registry, untouched, as a learner first opens it: "Run All Cells" runs
   every code cell — an unfinished exercise's test cell shows one red "not done yet" line and the
@@ -26,56 +26,23 @@ import contextlib
 import json
 import os
 import re
-import secrets
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import nbformat
 import pytest
+from support import FILLED, REPO, fill_solutions
 
 from autograder import registry
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV = Path(sys.prefix)
-STAMP = VENV / ".installed"
 FIRST = registry.CHAPTERS[0]
 CHAPTERS = [c for c in registry.CHAPTERS if c.release_path().is_file()]
 SCREENSHOT_NAME = "chapter1_widget.png"
-README_SCREENSHOT = ROOT / "docs" / "screenshots" / SCREENSHOT_NAME
-CHROMIUM = Path(os.environ.get("TDD_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]
+README_SCREENSHOT = REPO / "docs" / "screenshots" / SCREENSHOT_NAME
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-FILLED = "filled"  # the work-folder sub-folder holding chapter 1 with the answers
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
-
-SOLUTION_MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.MULTILINE)
-
-
-def fill_solutions(release: nbformat.NotebookNode, source: nbformat.NotebookNode) -> int:
-    """Put the source notebook's answers into the release's solution cells; returns how many."""
-    answers = {
-        cell.metadata["nbgrader"]["grade_id"]: cell.source
-        for cell in source.cells
-        if cell.metadata.get("nbgrader", {}).get("solution")
-    }
-    filled = 0
-    for cell in release.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if meta.get("solution") and cell.cell_type == "code":
-            grade_id = meta["grade_id"]
-            if grade_id not in answers:
-                raise AssertionError(f"solution cell {grade_id!r} of the release is not in the source notebook")
-            cell.source = SOLUTION_MARKERS.sub("", answers[grade_id])
-            filled += 1
-    return filled
 
 
 def test_fill_solutions_removes_markers_and_keeps_other_cells():
@@ -93,98 +60,11 @@ def test_fill_solutions_removes_markers_and_keeps_other_cells():
     assert [c.source for c in (release.cells[0], release.cells[2])] == ["text", "f()"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _api(lab: dict, method: str, path: str):
     request = urllib.request.Request(f"{lab['base']}{path}?token={lab['token']}", method=method)
     with urllib.request.urlopen(request, timeout=30) as response:
         body = response.read()
     return json.loads(body) if body else None
-
-
-def _write_lab_settings(settings_dir: Path) -> None:
-    """Lab settings for a reproducible run: every cell in the DOM, no news or update checks."""
-    settings = {
-        "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
-        "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
-            "fetchNews": "false", "checkForUpdates": False},
-    }
-    for name, value in settings.items():
-        path = settings_dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(value))
-
-
-@pytest.fixture(scope="module")
-def chromium_path() -> Path:
-    if not CHROMIUM.is_file():
-        pytest.skip(f"Chromium not found at {CHROMIUM}: install it (Debian/Ubuntu: `sudo apt-get install chromium`) "
-                    "or set TDD_CHROMIUM=/path/to/chromium to run the browser test; CI installs it in .ci/run")
-    pytest.importorskip("playwright.sync_api", reason="the browser test needs `pip install -e '.[test]'` (playwright)")
-    if not STAMP.exists():
-        pytest.skip(f"the browser test starts `make lab`, which needs the environment of `make install` ({STAMP})")
-    return CHROMIUM
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory, chromium_path):
-    """`make lab` on a temporary work folder (plus chapter 1 with answers in work/filled/), on a free port."""
-    tmp = tmp_path_factory.mktemp("lab")
-    work = tmp / "work"
-    subprocess.run([sys.executable, "-m", "autograder", "workspace", "--into", str(work)], check=True,
-                   capture_output=True, timeout=120)
-    filled = nbformat.read(FIRST.release_path(), as_version=4)
-    assert fill_solutions(filled, nbformat.read(FIRST.source_path(), as_version=4)) > 0
-    (work / FILLED).mkdir()
-    nbformat.write(filled, work / FILLED / FIRST.notebook)
-    _write_lab_settings(tmp / "settings")
-
-    port, token = _free_port(), secrets.token_hex(16)
-    lab_args = (f"--no-browser --ip=127.0.0.1 --port={port} --IdentityProvider.token={token} "
-                f"--LabApp.user_settings_dir={tmp / 'settings'} --LabApp.workspaces_dir={tmp / 'workspaces'}")
-    env = {"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-           "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"), "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-           "OMP_NUM_THREADS": "1", "TDD_QUICK": "1"}
-    log = tmp / "jupyter.log"
-    with open(log, "w") as log_file:
-        proc = subprocess.Popen(["make", "--no-print-directory", "-C", str(ROOT), "-o", str(STAMP), "lab",
-                                 f"VENV={VENV}", f"WORK={work}", f"LAB_ARGS={lab_args}"],
-                                env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"make lab exited with status {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"JupyterLab did not answer within 120 s:\n{log.read_text()[-3000:]}")
-                time.sleep(0.5)
-        yield {"base": base, "token": token, "work": work, "log": log}
-    finally:
-        proc.terminate()  # make execs jupyter lab: this is the server
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@pytest.fixture(scope="module")
-def browser(chromium_path):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        yield browser
-        browser.close()
 
 
 def _count_finished_cells(page) -> tuple[int, int, int]:

@@ -4,8 +4,9 @@ Graded once, with a CPU-bound process running beside it (a busy machine), and ch
 for: exact points and statuses per student, an honest control student with full marks,
 host files that keep owner, mode and content, a root-only secret that appears in no
 output, no terminal control bytes in any output, a CSV every reader splits the same way,
-and feedback for every student. Then the batch-level cases: a fork bomb beside an honest
-student, a kernel that cannot start, a self-check killed while its notebook stalls.
+and feedback for every student. The batch is the session's shared one (tests/batch.py), which also holds
+fork bombs beside the honest control. Then the cases that need a run of their own: a kernel that cannot
+start, a self-check killed while its notebook stalls.
 """
 
 from __future__ import annotations
@@ -13,19 +14,19 @@ from __future__ import annotations
 import csv
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import batch as batch_module
 import nbformat
 import pytest
-
-from autograder import record, registry, sandbox
 from redteam import build as redteam
 from redteam import hostile
+
+from autograder import record, registry, sandbox
 
 REPO = Path(__file__).resolve().parents[1]
 CH1 = redteam.CH1
@@ -45,44 +46,11 @@ def _grade(subs: Path, out: Path, *extra: str, timeout: float = 1500) -> subproc
 
 
 @pytest.fixture()
-def cpu_burner():
-    """A CPU-bound process beside the grader: verdicts may not depend on an idle machine."""
-    proc = subprocess.Popen([sys.executable, "-c", "while True:\n    pass"])
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
-def _fingerprint(path: Path) -> tuple:
-    st = os.lstat(path)
-    return st.st_uid, st.st_gid, st.st_mode, path.read_bytes()
-
-
-@pytest.fixture(scope="module")
-def batch(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("hostile")
-    source = tmp / "source"
-    shutil.copytree(REPO / "autograder" / "source", source)
-    redteam.plant_sentinel(source)
-    host = hostile.host_files(tmp / "host")
-    before = {name: _fingerprint(p) for name, p in host.items()}
-    expected = hostile.build(tmp, source, host)
-    out = tmp / "out"
-    out.mkdir()
-    burner = subprocess.Popen([sys.executable, "-c", "while True:\n    pass"])
-    try:
-        started = time.monotonic()
-        result = _grade(tmp / "submissions", out, "--source", str(source))
-        seconds = time.monotonic() - started
-    finally:
-        burner.kill()
-        burner.wait()
-    feedback = subprocess.run([sys.executable, "-m", "autograder", "feedback", str(out / "grades.csv"), "--out",
-                               str(out / "feedback")], capture_output=True, cwd=REPO, timeout=300)
-    yield {"tmp": tmp, "out": out, "host": host, "before": before, "expected": expected, "result": result,
-           "seconds": seconds, "feedback": feedback}
-    subs = tmp / "submissions"
-    sandbox.remove_tree(subs)  # its names and depths are hostile to pytest's own cleanup
+def batch(grading_batch):
+    """The hostile students of the session's shared batch (tests/batch.py), in the shape these tests read."""
+    return {"tmp": grading_batch.root, "out": grading_batch.out, "host": grading_batch.host,
+            "before": grading_batch.host_before, "expected": grading_batch.hostile, "result": grading_batch.result,
+            "seconds": grading_batch.seconds, "feedback": grading_batch.feedback}
 
 
 def test_hostile_batch_completes(batch):
@@ -136,7 +104,7 @@ def test_hostile_batch_duplicates_are_reported_not_counted_twice(batch):
 
 def test_hostile_batch_host_files_keep_owner_mode_and_content(batch):
     for name, path in batch["host"].items():
-        assert _fingerprint(path) == batch["before"][name], name
+        assert batch_module.fingerprint(path) == batch["before"][name], name
 
 
 def test_hostile_batch_secret_appears_in_no_output(batch):
@@ -173,25 +141,13 @@ def test_hostile_batch_feedback_for_every_student(batch):
     assert record.feedback_filename("a b") != record.feedback_filename("a_b")
 
 
-def test_fork_bomb_beside_an_honest_student_on_a_busy_machine(tmp_path, cpu_burner):
-    source = REPO / "autograder" / "source"
-    subs = tmp_path / "submissions"
-    bomb = redteam.solved(CH1, source)
-    redteam.insert_after_imports(bomb, "import os\nfor _ in range(3):\n    if os.fork() == 0:\n"
-                                       "        while True:\n            try:\n                os.fork()\n"
-                                       "            except OSError:\n                pass\n")
-    redteam.set_cell(bomb, "padding_mask_solution", "def padding_mask(tokens, pad_id):\n    import os\n"
-                                                    "    while True:\n        os.fork()\n")
-    for student, nb in (("bomb", bomb), ("honest", redteam.solved(CH1, source))):
-        (subs / student).mkdir(parents=True)
-        nbformat.write(nb, subs / student / NB)
-    (tmp_path / "out").mkdir()
-    result = _grade(subs, tmp_path / "out")
-    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
-    rows = record.read_csv(tmp_path / "out" / "grades.csv")
-    honest = [r for r in rows if r["student"] == "honest"]
-    assert [r["status"] for r in honest] == ["passed"] * len(honest), honest
-    bomb_rows = {r["exercise"]: r["status"] for r in rows if r["student"] == "bomb"}
+def test_fork_bomb_beside_an_honest_student_on_a_busy_machine(grading_batch):
+    """Fork bombs at the top of a notebook and inside padding_mask, graded in the shared batch (two jobs, a
+    CPU-bound process beside it): the bomb loses padding_mask only, and the honest control keeps full marks."""
+    grading_batch.check()
+    honest = grading_batch.rows("control")
+    assert [r["status"] for r in honest] == ["passed"] * len(registry.get(CH1).exercises), honest
+    bomb_rows = {r["exercise"]: r["status"] for r in grading_batch.rows("fork_bomb_cell")}
     assert bomb_rows["padding_mask"] != "passed"
     others = [s for e, s in bomb_rows.items() if e != "padding_mask"]
     assert others == ["passed"] * (len(registry.get(CH1).exercises) - 1), bomb_rows
@@ -281,10 +237,11 @@ def test_kernel_that_cannot_start_gives_every_exercise_one_status_at_once(tmp_pa
     assert set(reported) == {"alice", "bob"}, result.stderr.decode(errors="replace")[-2000:]
     for student, timing in reported.items():
         assert timing["seconds"] < 10, f"{student}: {timing['seconds']} s"
-    # Not cached as graded: a rerun (e.g. with more memory) grades them again.
-    again = _grade(tmp_path / "submissions", tmp_path / "out", "--jobs", "1")
-    assert b"already graded" not in again.stderr
-    assert {r["status"] for r in record.read_csv(tmp_path / "out" / "grades.csv")} == {"passed"}
+    # Not cached as graded: a rerun grades both again (here with the same limit: it fails again at once).
+    state = tmp_path / "out" / "grades.csv.state"
+    assert not (state.is_dir() and any(state.iterdir()))
+    again = _grade(tmp_path / "submissions", tmp_path / "out", "--memory-gb", "1", "--jobs", "1")
+    assert b"grading 2 notebook(s)" in again.stderr and b"already graded" not in again.stderr
 
 
 def _runner_pids() -> set[int]:

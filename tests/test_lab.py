@@ -11,28 +11,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
+from support import BARE_PATH, STAMP, VENV
+from support import REPO as ROOT
 
 from autograder import registry
-from autograder.kernel_client import SlicedKernelManager
-
-ROOT = Path(__file__).resolve().parent.parent
-VENV = Path(sys.prefix)
-STAMP = VENV / ".installed"
-START_HERE = ROOT / "course" / "00_start_here.ipynb"
-# A shell as a fresh login gives it: no virtualenv on PATH, no python of the course's.
-BARE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 def make_lab(work: Path, lab: str | None = None, *extra: str, timeout: float = 120, env: dict | None = None,
@@ -100,20 +90,12 @@ def test_lab_terminal_shell_is_not_a_login_shell_and_puts_the_venv_first(tmp_pat
     assert "terminado_settings" in config and "shell_command" in config
 
 
-def _start_here_command(work: Path, tmp_path: Path) -> str:
-    """Run the start-here notebook in the work folder and return the self-check command it prints."""
-    nb = nbformat.read(work / "00_start_here.ipynb", as_version=4)
-    NotebookClient(nb, kernel_manager_class=SlicedKernelManager, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
-    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+def _start_here_command(start_here_run) -> str:
+    """The self-check command the start-here notebook printed when run in the work folder."""
+    printed = "".join(o.get("text", "") for c in start_here_run.cells if c.cell_type == "code" for o in c.outputs)
     commands = re.findall(r"^python -m autograder check .+$", printed, re.MULTILINE)
     assert len(commands) == 1, printed
     return commands[0]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _terminal_run(base: str, token: str, command: str, until: re.Pattern, timeout: float = 240) -> str:
@@ -142,43 +124,20 @@ def _terminal_run(base: str, token: str, command: str, until: re.Pattern, timeou
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.timeout(600)
-def test_start_here_self_check_command_runs_as_printed_in_the_lab_terminal(tmp_path):
-    """The command start-here prints, typed into a terminal of the JupyterLab `make lab` started, runs the
-    course's self-check (not a Python without the course); a second `make lab` starts no second server."""
-    work = tmp_path / "work"
-    port, token = _free_port(), secrets.token_hex(16)
-    runtime = tmp_path / "runtime"
-    env = {"JUPYTER_RUNTIME_DIR": str(runtime), "SHELL": "/bin/sh" if shutil.which("bash") is None else "/bin/bash",
-           "TDD_QUICK": "1", "OMP_NUM_THREADS": "1"}
-    args = f"LAB_ARGS=--no-browser --ip=127.0.0.1 --port={port} --IdentityProvider.token={token}"
-    server = make_lab(work, None, args, env=env, popen=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, f"make lab exited: {server.stdout.read()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "JupyterLab did not start within 120 s"
-                time.sleep(0.5)
+def test_start_here_self_check_command_runs_as_printed_in_the_lab_terminal(lab, start_here_run):
+    """The command start-here prints, typed into a terminal of the JupyterLab `make lab` started (the session's
+    ``lab``), runs the course's self-check (not a Python without the course); a second `make lab` starts no
+    second server."""
+    second = make_lab(lab["work"], None, "LAB_ARGS=--no-browser", env=lab["env"], timeout=120)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "already running" in second.stdout and f":{lab['port']}/" in second.stdout, second.stdout
 
-        second = make_lab(work, None, "LAB_ARGS=--no-browser", env=env, timeout=120)
-        assert second.returncode == 0, second.stdout + second.stderr
-        assert "already running" in second.stdout and f":{port}/" in second.stdout, second.stdout
-
-        command = _start_here_command(work, tmp_path)
-        first = registry.CHAPTERS[0]
-        out = _terminal_run(base, token, command, re.compile(r"visible score: \d+/\d+|No module named|Traceback \(most"))
-        assert "No module named" not in out and "Traceback" not in out, out[-3000:]
-        assert f"visible score: 0/{first.points}" in out, out[-3000:]
-        assert "not done yet" in out
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+    command = _start_here_command(start_here_run)
+    first = registry.CHAPTERS[0]
+    out = _terminal_run(lab["base"], lab["token"], command,
+                        re.compile(r"visible score: \d+/\d+|No module named|Traceback \(most"))
+    assert "No module named" not in out and "Traceback" not in out, out[-3000:]
+    assert f"visible score: 0/{first.points}" in out, out[-3000:]
+    assert "not done yet" in out

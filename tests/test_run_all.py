@@ -1,29 +1,26 @@
 """Run All on a chapter nobody has started runs every cell, and still scores 0.
 
 The release tags each graded test cell `raises-exception`: JupyterLab's Run All (the browser
-test shows it), nbclient and nbconvert then go on past that cell's error. nbgrader grades a
-test cell by the error in its output, not by its tags, and `autograder grade` never reads the
-notebook's test cells at all: an unfinished exercise still scores 0 in both.
+test runs it for real, on every chapter), nbclient and nbconvert then go on past that cell's error.
+nbgrader grades a test cell by the error in its output, not by its tags, and `autograder grade`
+never reads the notebook's test cells at all: an unfinished exercise still scores 0 in both.
 
-Here nbclient stands for Run All: with ``allow_errors=False`` it stops at the first error in a
-cell without the tag, as JupyterLab does.
+The untouched releases are run once in the session, by nbgrader (``nbgrader_course``) and graded by
+``autograder grade`` in the shared batch (``grading_batch``); the tests here read those runs.
 """
 
 from __future__ import annotations
 
-import csv
-import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
+import support
+from support import sandboxed
 
 from autograder import registry
-from autograder.kernel_client import SlicedKernelManager
 from autograder.release import RUN_ALL_TAG
 
 CHAPTERS = [c for c in registry.CHAPTERS if c.release_path().is_file()]
@@ -38,12 +35,6 @@ def _is_test_cell(cell) -> bool:
     return bool(_meta(cell).get("grade")) and not _meta(cell).get("solution")
 
 
-def _quick_env(monkeypatch) -> None:
-    for key, value in {"TDD_QUICK": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "module://matplotlib_inline.backend_inline"}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
-
-
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.id)
 def test_release_tags_exactly_the_test_cells_raises_exception(chapter):
     nb = nbformat.read(chapter.release_path(), as_version=4)
@@ -53,13 +44,12 @@ def test_release_tags_exactly_the_test_cells_raises_exception(chapter):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.id)
-def test_run_all_on_an_untouched_release_executes_every_cell(chapter, tmp_path, monkeypatch):
-    _quick_env(monkeypatch)
-    nb = nbformat.read(chapter.release_path(), as_version=4)
-    NotebookClient(nb, kernel_manager_class=SlicedKernelManager, timeout=600, kernel_name="python3", allow_errors=False,
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()  # stops at an untagged error
+def test_untouched_release_runs_every_cell_and_each_unfinished_exercise_says_so_in_one_line(nbgrader_course, chapter):
+    """The untouched release as nbgrader ran it (the session's autograde): every code cell ran, only the test
+    cells failed, each with one "not done yet" line, and the cells below the first exercise showed something.
+    That JupyterLab's Run All really goes on past those cells (the tag) is the browser test's."""
+    nb = nbgrader_course.autograded(chapter.id).notebook("untouched")
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count for c in code), "a code cell did not run"
     errors = {_meta(c).get("grade_id"): o for c in code for o in c.outputs if o.output_type == "error"}
@@ -76,13 +66,12 @@ def test_run_all_on_an_untouched_release_executes_every_cell(chapter, tmp_path, 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_nbgrader_validate_still_fails_an_untouched_release(tmp_path, monkeypatch):
-    _quick_env(monkeypatch)
+def test_nbgrader_validate_still_fails_an_untouched_release(tmp_path):
     chapter = CHAPTERS[0]
     notebook = tmp_path / chapter.notebook
     shutil.copyfile(chapter.release_path(), notebook)
     out = subprocess.run([sys.executable, "-m", "nbgrader", "validate", str(notebook)], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, env=support.kernel_env())
     text = out.stdout + out.stderr
     assert "Success! Your notebook passes all the tests." not in text
     assert f"VALIDATION FAILED ON {len(chapter.exercises)} CELL(S)" in text, text[-3000:]
@@ -90,22 +79,11 @@ def test_nbgrader_validate_still_fails_an_untouched_release(tmp_path, monkeypatc
         assert f"✗ {exercise.name}:" in text, text[-3000:]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_autograder_grade_scores_an_untouched_release_zero(tmp_path):
-    """An LMS-style flat folder with each chapter's untouched release: every exercise 0 points, 'missing'."""
-    submissions = tmp_path / "submitted"
-    submissions.mkdir()
-    for chapter in CHAPTERS:
-        shutil.copyfile(chapter.release_path(), submissions / f"alice_{chapter.notebook}")
-    out_csv = tmp_path / "grades.csv"
-    out = subprocess.run([sys.executable, "-m", "autograder", "grade", str(submissions), "--out", str(out_csv),
-                          "--gradebook", "none", "--jobs", "2"], capture_output=True, text=True, timeout=1100,
-                         env={**os.environ, "TDD_QUICK": "1"})
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    rows = list(csv.DictReader(out_csv.open()))
+@sandboxed
+def test_autograder_grade_scores_an_untouched_release_zero(grading_batch):
+    """Every chapter's untouched release, graded in the shared batch: every exercise 0 points, 'missing'."""
+    rows = grading_batch.rows("release_untouched")
     assert len(rows) == sum(len(c.exercises) for c in CHAPTERS)
-    assert {r["student"] for r in rows} == {"alice"}
     assert all(float(r["points"]) == 0 for r in rows), [r for r in rows if float(r["points"])]
     assert {r["status"] for r in rows} == {"missing"}, {r["status"] for r in rows}
     assert sum(float(r["max_points"]) for r in rows) == sum(c.points for c in CHAPTERS)

@@ -3,23 +3,11 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import nbformat
 import pytest
-
 from redteam import build as redteam
-
-REPO = Path(__file__).resolve().parents[1]
-SOURCE = REPO / "autograder" / "source"
-
-
-def _check(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autograder", "check", str(path)], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
-
+from support import SOURCE, autograder, cli
 
 TOTAL = sum(redteam.CH1_POINTS.values())  # chapter 1's points, from the registry
 
@@ -27,50 +15,58 @@ TOTAL = sum(redteam.CH1_POINTS.values())  # chapter 1's points, from the registr
 @pytest.mark.slow
 @pytest.mark.parametrize("only, expected", [(None, f"{TOTAL}/{TOTAL}"), (set(), f"0/{TOTAL}"),
                                             ({"softmax", "padding_mask"}, f"3/{TOTAL}")])
-def test_selfcheck_visible_score(tmp_path, only, expected):
+def test_selfcheck_visible_score(tmp_path, capsys, only, expected):
+    """In this process (``main([...])``); the command itself is run by the smoke test below."""
     path = tmp_path / f"{redteam.CH1}.ipynb"
     nbformat.write(redteam.solved(redteam.CH1, SOURCE, only), path)
-    done = _check(path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert f"visible score: {expected}" in done.stdout
-    lines = [line for line in done.stdout.splitlines() if line.startswith(("✓", "✗"))]
+    code, out, err = cli(capsys, "check", path)
+    assert code == 0, err[-2000:]
+    assert f"visible score: {expected}" in out
+    lines = [line for line in out.splitlines() if line.startswith(("✓", "✗"))]
     assert len(lines) == len(redteam.CH1_POINTS)
 
 
-@pytest.mark.slow
-def test_selfcheck_prints_the_hint_of_a_wrong_answer(tmp_path):
-    nb = redteam.solved(redteam.CH1, SOURCE)
-    redteam.set_cell(nb, "padding_mask_solution", redteam.WRONG_PADDING)
-    path = tmp_path / f"{redteam.CH1}.ipynb"
-    nbformat.write(nb, path)
-    done = _check(path)
-    line = next(line for line in done.stdout.splitlines() if "padding_mask" in line)
-    assert line.startswith("✗ padding_mask: failed") and "polarity" in line
-    assert f"visible score: {TOTAL - 1}/{TOTAL}" in done.stdout
-
-
-@pytest.mark.slow
-def test_selfcheck_reports_a_syntax_error_with_its_cell_and_line(tmp_path):
-    """A syntax error is an `error` that names the cell and the line, not "not done" or "not defined";
-    the grader gives the same verdict (both go through verdict.grade_notebook)."""
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """``python -m autograder check`` once, on a notebook with a syntax error (attention_scores) and a wrong
+    answer (padding_mask); the rest is solved."""
     nb = redteam.solved(redteam.CH1, SOURCE)
     redteam.set_cell(nb, "attention_scores_solution",
                      "def attention_scores(q, k):\n    return (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5\n")
-    path = tmp_path / f"{redteam.CH1}.ipynb"
+    redteam.set_cell(nb, "padding_mask_solution", redteam.WRONG_PADDING)
+    path = tmp_path_factory.mktemp("selfcheck") / f"{redteam.CH1}.ipynb"
     nbformat.write(nb, path)
-    done = _check(path)
+    done = autograder("check", path, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    line = next(line for line in done.stdout.splitlines() if "attention_scores" in line)
+    verdicts = {line[2:].split(":")[0]: line for line in done.stdout.splitlines() if line.startswith(("✓", "✗"))}
+    return done, verdicts
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_selfcheck_prints_the_hint_of_a_wrong_answer(smoke):
+    done, verdicts = smoke
+    line = verdicts["padding_mask"]
+    assert line.startswith("✗ padding_mask: failed") and "polarity" in line
+    lost = sum(redteam.CH1_POINTS[e] for e in ("attention_scores", "scaled_dot_product_attention", "padding_mask"))
+    assert f"visible score: {TOTAL - lost}/{TOTAL}" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_selfcheck_reports_a_syntax_error_with_its_cell_and_line(smoke):
+    """A syntax error is an `error` that names the cell and the line, not "not done" or "not defined";
+    the grader gives the same verdict (both go through verdict.grade_notebook)."""
+    done, verdicts = smoke
+    line = verdicts["attention_scores"]
     assert re.fullmatch(r"✗ attention_scores: error — cell \d+ has a syntax error \(line 2: .*\), so attention_scores "
                         r"was never defined", line), line
     assert "not done" not in line
     # the exercises that do not call attention_scores are graded as usual; the one that calls it names it
-    verdicts = {line[2:].split(":")[0]: line for line in done.stdout.splitlines() if line.startswith(("✓", "✗"))}
-    assert "NameError: name 'attention_scores' is not defined" in verdicts.pop("scaled_dot_product_attention")
-    verdicts.pop("attention_scores")
-    assert all(line.startswith("✓") for line in verdicts.values()), verdicts
-    lost = redteam.CH1_POINTS["attention_scores"] + redteam.CH1_POINTS["scaled_dot_product_attention"]
-    assert f"visible score: {TOTAL - lost}/{TOTAL}" in done.stdout
+    assert "NameError: name 'attention_scores' is not defined" in verdicts["scaled_dot_product_attention"]
+    others = {k: v for k, v in verdicts.items() if k not in ("attention_scores", "scaled_dot_product_attention",
+                                                             "padding_mask")}
+    assert others and all(line.startswith("✓") for line in others.values()), others
 
 
 def test_selfcheck_a_failure_of_the_checker_itself_is_one_line(tmp_path, monkeypatch, capsys):

@@ -10,7 +10,6 @@ environment as a Kubernetes Indexed Job does, one of them killed with SIGKILL an
 from __future__ import annotations
 
 import base64
-import csv
 import hashlib
 import json
 import os
@@ -23,10 +22,20 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
-from autograder import grade, plan, record, registry, sandbox, shard, status, submissions
-from autograder.__main__ import main
 from redteam import build as redteam
+from support import sandboxed
+
+from autograder import (
+    grade,
+    plan,
+    record,
+    registry,
+    sandbox,
+    shard,
+    status,
+    submissions,
+)
+from autograder.__main__ import main
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "autograder" / "source"
@@ -403,64 +412,57 @@ def test_merge_is_idempotent_and_atomic(stale_class, capsys):
 
 # --- the whole flow, graded for real (sandbox) ----------------------------------------------
 
-needs_sandbox = pytest.mark.skipif(
-    sandbox.detect() != "bwrap",
-    reason="bubblewrap (bwrap) is not usable here (real probe failed); install bubblewrap and allow user "
-           "namespaces (CI installs it as root)")
-
 
 def graded_for_real(test):
-    """Needs bubblewrap, takes minutes (the module's fixture grades the class three times over)."""
-    for mark in (needs_sandbox, pytest.mark.sandbox, pytest.mark.slow, pytest.mark.timeout(2400)):
-        test = mark(test)
-    return test
+    """Needs bubblewrap; grades the class of the shared batch in shards (the batch graded it unsharded)."""
+    return sandboxed(pytest.mark.timeout(1800)(test))
 
 
-def _nbgrader_collect(course: Path, exchange: Path, work: Path, notebooks: dict[tuple[str, str], list]) -> None:
-    """Release, submit (as each student) and collect through nbgrader's own exchange."""
-    from nbgrader.auth import Authenticator
-    from nbgrader.coursedir import CourseDirectory
-    from nbgrader.exchange.default import ExchangeCollect, ExchangeReleaseAssignment, ExchangeSubmit
-    from traitlets.config import Config
+def _shard_cmd(subs: Path, grading: Path, index_dir: str, shards: int, jobs: int = 1) -> list[str]:
+    return [sys.executable, "-m", "autograder", "grade", str(subs), "--plan", str(grading / "plan.json"),
+            "--shard", f"auto/{shards}", "--out", str(grading / index_dir / "grades.csv"), "--jobs", str(jobs),
+            "--cell-timeout", "20"]
 
-    def config(root: Path) -> Config:
-        c = Config()
-        c.CourseDirectory.root = str(root)
-        c.CourseDirectory.course_id = "tdd"
-        c.CourseDirectory.db_url = f"sqlite:///{course / 'gradebook.db'}"
-        c.Exchange.root = str(exchange)
-        return c
 
-    def app(cls, root: Path, assignment: str, student: str | None = None):
-        c = config(root)
-        cd = CourseDirectory(config=c)
-        cd.assignment_id = assignment
-        if student:
-            cd.student_id = student
-        return cls(coursedir=cd, authenticator=Authenticator(config=c), config=c)
+@pytest.fixture(scope="module")
+def sharded(grading_batch, tmp_path_factory):
+    """The shared batch's class (collected by nbgrader's exchange), planned in 3 shards and graded shard by
+    shard as separate processes (index from the environment, as a Kubernetes Indexed Job gives it); the largest
+    shard is killed with SIGKILL once it has graded one notebook, then rerun with two jobs; then merged. The
+    unsharded reference is the shared batch's rows for the same students."""
+    tmp = tmp_path_factory.mktemp("sharded")
+    subs = grading_batch.class_root
+    grading = tmp / "grading"
+    before = _hashes(subs)
+    done = _run("plan", subs, "--shards", 3, "--out", grading / "plan.json", "--chapter", CH1.id)
+    assert done.returncode == 0, done.stderr
+    plan_ = plan.load(grading / "plan.json")
+    unsharded = tmp / "unsharded.csv"
+    record.write_csv(unsharded, [r for r in grading_batch.rows() if r["student"] in grading_batch.class_students])
 
-    exchange.mkdir(parents=True)
-    old_cwd, old_path = os.getcwd(), os.environ.get("PATH", "")
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{old_path}"  # nbgrader runs alembic
-    try:
-        chapters = sorted({chapter for _, chapter in notebooks})
-        for chapter in chapters:
-            (course / "release" / chapter).mkdir(parents=True)
-            shutil.copy(registry.get(chapter).release_path(), course / "release" / chapter)
-            os.chdir(course)
-            app(ExchangeReleaseAssignment, course, chapter).start()
-        for (student, chapter), files in notebooks.items():
-            home = work / student
-            for name, nb in files:
-                nbformat.write(nb, _mkdirs(home / chapter / name))
-            os.chdir(home)
-            app(ExchangeSubmit, home, chapter, student).start()
-        os.chdir(course)
-        for chapter in chapters:
-            app(ExchangeCollect, course, chapter).start()
-    finally:
-        os.chdir(old_cwd)
-        os.environ["PATH"] = old_path
+    victim = max(range(3), key=lambda i: (len(plan_.of_shard(i)), -i))
+    assert len(plan_.of_shard(victim)) >= 2
+    state = grading / f"shard-{victim}" / "grades.csv.state"
+    proc = subprocess.Popen(_shard_cmd(subs, grading, f"shard-{victim}", 3), cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "JOB_COMPLETION_INDEX": str(victim)})
+    others = {i: subprocess.Popen(_shard_cmd(subs, grading, f"shard-{i}", 3), cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env={**os.environ, "JOB_COMPLETION_INDEX": str(i)})
+              for i in range(3) if i != victim}
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None and not (state.is_dir() and any(state.iterdir())):
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = {"state": sorted(p.name for p in state.iterdir()) if state.is_dir() else [],
+              "finished": (state.parent / f"shard-{victim}-of-3.json").exists()}
+    rerun = subprocess.Popen(_shard_cmd(subs, grading, f"shard-{victim}", 3, jobs=2), cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, "JOB_COMPLETION_INDEX": str(victim)})
+    shards = {i: (p.wait(timeout=1800), *p.communicate()) for i, p in {**others, victim: rerun}.items()}
+    merged = _run("merge", *[grading / f"shard-{i}" for i in range(3)], "--plan", grading / "plan.json", "--out",
+                  grading / "grades.csv", "--gradebook", f"sqlite:///{tmp / 'gradebook.db'}")
+    return {"tmp": tmp, "subs": subs, "grading": grading, "plan": plan_, "before": before, "unsharded": unsharded,
+            "victim": victim, "killed": killed, "shards": shards, "merged": merged}
 
 
 def _mkdirs(path: Path) -> Path:
@@ -478,70 +480,6 @@ def _run(*argv, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
                           text=True, env={**os.environ, **(env or {})}, **kw)
 
 
-def _shard_cmd(course: Path, index_dir: str, shards: int, jobs: int = 1) -> list[str]:
-    return [sys.executable, "-m", "autograder", "grade", str(course / "submitted"), "--plan",
-            str(course / "grading" / "plan.json"), "--shard", f"auto/{shards}", "--out",
-            str(course / "grading" / index_dir / "grades.csv"), "--jobs", str(jobs), "--cell-timeout", "30"]
-
-
-@pytest.fixture(scope="module")
-def sharded(tmp_path_factory):
-    """A class from nbgrader collect, graded unsharded and as 3 shards (one killed and rerun), then merged."""
-    tmp = tmp_path_factory.mktemp("sharded")
-    course = tmp / "course"
-    first = registry.get(redteam.CH1)
-    second = next(c for c in registry.CHAPTERS if c.id != first.id)
-    wrong = redteam.solved(first.id, SOURCE)
-    redteam.set_cell(wrong, "padding_mask_solution", redteam.WRONG_PADDING)
-    solved = lambda ch, only=None: redteam.solved(ch.id, SOURCE, only)  # noqa: E731
-    notebooks = {
-        ("ana", first.id): [(first.notebook, solved(first)), (f"{first.id}-Copy1.ipynb", solved(first, set()))],
-        ("ana", second.id): [(second.notebook, solved(second))],
-        ("ben", first.id): [(first.notebook, solved(first, set()))],
-        ("ben", second.id): [(second.notebook, solved(second, {second.exercises[0].name}))],
-        ("cleo", first.id): [(first.notebook, solved(first, {first.exercises[1].name}))],
-        ("dan", first.id): [(first.notebook, wrong)],
-        ("dan", second.id): [(second.notebook, solved(second, set()))],
-    }
-    _nbgrader_collect(course, tmp / "exchange", tmp / "home", notebooks)
-    subs = course / "submitted"
-    before = _hashes(subs)
-    done = _run("plan", subs, "--shards", 3, "--out", course / "grading" / "plan.json")
-    assert done.returncode == 0, done.stderr
-    plan_ = plan.load(course / "grading" / "plan.json")
-    unsharded = _run("grade", subs, "--out", tmp / "unsharded" / "grades.csv", "--jobs", 2, "--gradebook", "none",
-                     "--cell-timeout", 30)
-    assert unsharded.returncode == 0, unsharded.stderr[-3000:]
-
-    # the shard with the most notebooks is killed with SIGKILL once it has graded one, then rerun
-    victim = max(range(3), key=lambda i: (len(plan_.of_shard(i)), -i))
-    assert len(plan_.of_shard(victim)) >= 2
-    state = course / "grading" / f"shard-{victim}" / "grades.csv.state"
-    proc = subprocess.Popen(_shard_cmd(course, f"shard-{victim}", 3), cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True,
-                            env={**os.environ, "JOB_COMPLETION_INDEX": str(victim)})
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None and not (state.is_dir() and any(state.iterdir())):
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    killed = {"state": sorted(p.name for p in state.iterdir()) if state.is_dir() else [],
-              "finished": (state.parent / f"shard-{victim}-of-3.json").exists()}
-
-    procs = {i: subprocess.Popen(_shard_cmd(course, f"shard-{i}", 3), cwd=REPO, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True,
-                                 env={**os.environ, "JOB_COMPLETION_INDEX": str(i)}) for i in range(3)}
-    shards = {i: (p.wait(timeout=1800), *p.communicate()) for i, p in procs.items()}
-    merged = _run("merge", *[course / "grading" / f"shard-{i}" for i in range(3)], "--plan",
-                  course / "grading" / "plan.json", "--out", course / "grading" / "grades.csv",
-                  "--gradebook", f"sqlite:///{course / 'gradebook.db'}")
-    # the largest shard once more, from scratch in a folder of its own, with two notebooks graded at a time
-    two_jobs = subprocess.run(_shard_cmd(course, f"shard-{victim}-jobs-2", 3, jobs=2), cwd=REPO, capture_output=True,
-                              text=True, timeout=1800, env={**os.environ, "JOB_COMPLETION_INDEX": str(victim)})
-    return {"tmp": tmp, "course": course, "plan": plan_, "before": before, "unsharded": unsharded,
-            "victim": victim, "killed": killed, "shards": shards, "merged": merged, "two_jobs": two_jobs}
-
-
 def _six(path: Path) -> list[tuple]:
     return sorted((r["student"], r["notebook"], r["exercise"], r["points"], r["max_points"], r["status"])
                   for r in record.read_csv(path))
@@ -552,8 +490,8 @@ def test_sharded_grading_equals_unsharded(sharded):
     for index, (code, _, err) in sharded["shards"].items():
         assert code == 0, (index, err[-3000:])
     assert sharded["merged"].returncode == 0, sharded["merged"].stderr[-3000:]
-    merged = sharded["course"] / "grading" / "grades.csv"
-    reference = sharded["tmp"] / "unsharded" / "grades.csv"
+    merged = sharded["grading"] / "grades.csv"
+    reference = sharded["unsharded"]
     assert _six(merged) == _six(reference)
     statuses = {r[5] for r in _six(merged)}
     assert {status.PASSED, status.FAILED, status.MISSING, status.DUPLICATE} <= statuses  # a class worth comparing
@@ -569,47 +507,48 @@ def test_sharded_shard_killed_with_sigkill_and_rerun_completes(sharded):
     code, _, err = sharded["shards"][victim]
     assert code == 0, err[-3000:]
     assert f"({len(sharded['killed']['state'])} already graded)" in err
-    assert (sharded["course"] / "grading" / f"shard-{victim}" / f"shard-{victim}-of-3.json").exists()
+    assert (sharded["grading"] / f"shard-{victim}" / f"shard-{victim}-of-3.json").exists()
 
 
 @graded_for_real
 def test_sharded_shard_with_two_jobs_gives_the_rows_of_one_job(sharded):
-    victim, grading = sharded["victim"], sharded["course"] / "grading"
-    done = sharded["two_jobs"]
-    assert done.returncode == 0, done.stderr[-3000:]
-    planned = len(sharded["plan"].of_shard(victim))
-    assert f"grading {planned} notebook(s) with 2 job(s)" in done.stderr  # all of them, two at a time
-    one, two = grading / f"shard-{victim}" / "grades.csv", grading / f"shard-{victim}-jobs-2" / "grades.csv"
-    assert _six(two) == _six(one) and len({r[1] for r in _six(two)}) == planned
-    unfailed = [r for r in record.read_csv(two) if r["status"] != status.FAILED]
-    assert unfailed == [r for r in record.read_csv(one) if r["status"] != status.FAILED]  # same reasons too
+    """The killed shard's rerun grades the rest of its notebooks two at a time; its rows are the unsharded
+    batch's rows for the same notebooks."""
+    victim, grading = sharded["victim"], sharded["grading"]
+    code, _, err = sharded["shards"][victim]
+    assert code == 0, err[-3000:]
+    left = len(sharded["plan"].of_shard(victim)) - len(sharded["killed"]["state"])
+    assert f"grading {left} notebook(s) with 2 job(s)" in err
+    mine = _six(grading / f"shard-{victim}" / "grades.csv")
+    planned = {e.submission for e in sharded["plan"].of_shard(victim)}
+    assert mine == [r for r in _six(sharded["unsharded"]) if r[1] in planned] and len({r[1] for r in mine}) == len(planned)
 
 
 @graded_for_real
 def test_sharded_collect_layout_is_graded_in_place(sharded):
-    subs = sharded["course"] / "submitted"
+    subs = sharded["subs"]
     assert _hashes(subs) == sharded["before"]  # read, never written
     assert any(name.endswith("timestamp.txt") for name in sharded["before"])  # really nbgrader's collect output
-    notebooks = {r["notebook"] for r in record.read_csv(sharded["course"] / "grading" / "grades.csv")}
+    notebooks = {r["notebook"] for r in record.read_csv(sharded["grading"] / "grades.csv")}
     on_disk = {name for name in sharded["before"] if name.endswith(".ipynb")}
     assert on_disk <= notebooks  # every collected notebook has rows, under the path collect gave it
     assert all(n.count("/") == 2 for n in on_disk)  # <student>/<assignment>/<notebook>.ipynb
-    assert not any(p.name == "gradebook.db" for p in (sharded["course"] / "grading").rglob("*"))
+    assert not any(p.name == "gradebook.db" for p in sharded["grading"].rglob("*"))
 
 
 @graded_for_real
 def test_sharded_merge_writes_the_gradebook_and_feedback_reads_it(sharded, tmp_path):
     from nbgrader.api import Gradebook
 
-    merged = sharded["course"] / "grading" / "grades.csv"
-    subs = sharded["course"] / "submitted"
+    merged = sharded["grading"] / "grades.csv"
+    subs = sharded["subs"]
     totals: dict[tuple[str, str], float] = {}
     for row in record.read_csv(merged):  # the graded notebooks: on disk, not a duplicate
         if (subs / row["notebook"]).is_file() and row["status"] != status.DUPLICATE:
             key = (row["student"], Path(row["notebook"]).stem)
             totals[key] = totals.get(key, 0.0) + float(row["points"])
     assert len(totals) == 7 and len(set(totals.values())) > 2
-    with Gradebook(f"sqlite:///{sharded['course'] / 'gradebook.db'}") as gb:
+    with Gradebook(f"sqlite:///{sharded['tmp'] / 'gradebook.db'}") as gb:
         for (student, chapter), score in totals.items():
             assert gb.find_submission(chapter, student).score == pytest.approx(score), (student, chapter)
     done = _run("feedback", merged, "--out", tmp_path / "feedback")
@@ -619,9 +558,9 @@ def test_sharded_merge_writes_the_gradebook_and_feedback_reads_it(sharded, tmp_p
 
 @graded_for_real
 def test_sharded_merge_without_one_shard_fails_with_the_list(sharded):
-    course = sharded["course"]
-    done = _run("merge", course / "grading" / "shard-0", course / "grading" / "shard-1", "--plan",
-                course / "grading" / "plan.json", "--out", sharded["tmp"] / "partial.csv", "--gradebook", "none")
+    grading = sharded["grading"]
+    done = _run("merge", grading / "shard-0", grading / "shard-1", "--plan", grading / "plan.json",
+                "--out", sharded["tmp"] / "partial.csv", "--gradebook", "none")
     assert done.returncode == 1
     assert "missing shard(s) 2/3" in done.stderr
     assert not (sharded["tmp"] / "partial.csv").exists()

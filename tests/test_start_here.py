@@ -8,10 +8,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from autograder import registry
-from autograder.kernel_client import SlicedKernelManager
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "course" / "00_start_here.ipynb"
 
@@ -21,9 +19,9 @@ def _text(cell) -> str:
 
 
 @pytest.mark.slow
-def test_start_here_runs_without_error(tmp_path):
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(nb, kernel_manager_class=SlicedKernelManager, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+def test_start_here_runs_without_error(start_here_run, work_folder):
+    """The session's run of the notebook in a learner's work folder (conftest.py's ``start_here_run``)."""
+    nb = start_here_run
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(o.output_type != "error" for c in code for o in c.outputs)
     out = "\n".join(_text(c) for c in code)
@@ -38,7 +36,7 @@ def test_start_here_runs_without_error(tmp_path):
             assert re.search(rf"chapter {chapter.number}\s+{re.escape(module)}\s+available", out), module
     # the self-check command names the first chapter's notebook in the folder the notebook runs in
     (command,) = re.findall(r"^python -m autograder check (.+)$", out, re.MULTILINE)
-    assert shlex.split(command) == [str(tmp_path / registry.CHAPTERS[0].id / registry.CHAPTERS[0].notebook)]
+    assert shlex.split(command) == [str(work_folder / registry.CHAPTERS[0].id / registry.CHAPTERS[0].notebook)]
 
 
 def test_start_here_is_not_an_nbgrader_assignment():

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+from support import REPO as ROOT
+from support import cli
 
 from autograder import registry, release, workspace
 
-ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = [c for c in registry.CHAPTERS if c.release_path().is_file()]
 pytestmark = pytest.mark.skipif(not CHAPTERS, reason="no chapter released in course/")
 
@@ -27,11 +27,6 @@ def _edit(path: Path, text: str = "# my answer") -> bytes:
     cell.source = cell.source.replace("raise NotImplementedError()", text)
     nbformat.write(nb, path)
     return path.read_bytes()
-
-
-def _autograder(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autograder", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600)
 
 
 # --- fingerprints -------------------------------------------------------------------
@@ -113,17 +108,22 @@ def test_workspace_rejects_a_work_folder_inside_course(tmp_path):
 # --- release never destroys learner work ---------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def released(tmp_path_factory):
-    """A temporary course/ holding a fresh release of the first chapter."""
-    course = tmp_path_factory.mktemp("course")
-    out = _autograder("release", "--chapter", CHAPTERS[0].id, "--course", str(course))
-    assert out.returncode == 0, out.stderr
+@pytest.fixture
+def released(nbgrader_course, tmp_path):
+    """A temporary course/ holding a fresh release of the first chapter (the session's generation of it)."""
+    course = tmp_path / "released"
+    shutil.copytree(nbgrader_course.release(CHAPTERS[0].id), course / CHAPTERS[0].id)
     return course
 
 
+def _release(capsys, *args) -> subprocess.CompletedProcess:
+    """``python -m autograder release ARGS``, run in this process."""
+    code, out, err = cli(capsys, "release", *args)
+    return subprocess.CompletedProcess(["release", *args], code, out, err)
+
+
 @pytest.mark.slow
-def test_release_keeps_an_edited_notebook_and_its_checkpoints(released, tmp_path):
+def test_release_keeps_an_edited_notebook_and_its_checkpoints(released, tmp_path, capsys):
     course = tmp_path / "course"
     shutil.copytree(released, course)
     chapter = CHAPTERS[0]
@@ -133,13 +133,13 @@ def test_release_keeps_an_edited_notebook_and_its_checkpoints(released, tmp_path
     (checkpoints / f"{chapter.id}-checkpoint.ipynb").write_bytes(notebook.read_bytes())
     edited = _edit(notebook)
 
-    out = _autograder("release", "--chapter", chapter.id, "--course", str(course))
+    out = _release(capsys, "--chapter", chapter.id, "--course", str(course))
     assert out.returncode == 1
     assert "nothing released" in out.stderr and str(notebook) in out.stderr and "--force" in out.stderr
     assert notebook.read_bytes() == edited
     assert (checkpoints / f"{chapter.id}-checkpoint.ipynb").is_file()
 
-    check = _autograder("release", "--check", "--chapter", chapter.id, "--course", str(course))
+    check = _release(capsys, "--check", "--chapter", chapter.id, "--course", str(course))
     assert check.returncode == 1
     assert "changes of its own" in check.stderr and "checkpoint" not in check.stderr, check.stderr
     assert "run `make release`" not in check.stderr  # the only problem is the learner's edit: no advice to regenerate
@@ -147,7 +147,7 @@ def test_release_keeps_an_edited_notebook_and_its_checkpoints(released, tmp_path
     work = tmp_path / "work"  # the learner's copy next to course/, as `make lab` makes it
     workspace.sync(course, work)
     mine = _edit(work / chapter.id / chapter.notebook, "# answer in my work folder")
-    forced = _autograder("release", "--chapter", chapter.id, "--course", str(course), "--force")
+    forced = _release(capsys, "--chapter", chapter.id, "--course", str(course), "--force")
     assert forced.returncode == 0, forced.stderr
     assert (work / chapter.id / chapter.notebook).read_bytes() == mine
     assert release.is_pristine(notebook)
@@ -155,16 +155,16 @@ def test_release_keeps_an_edited_notebook_and_its_checkpoints(released, tmp_path
 
 
 @pytest.mark.slow
-def test_release_check_ignores_checkpoints_and_regenerates_pristine_notebooks(released, tmp_path):
+def test_release_check_ignores_checkpoints_and_regenerates_pristine_notebooks(released, tmp_path, capsys):
     course = tmp_path / "course"
     shutil.copytree(released, course)
     chapter = CHAPTERS[0]
     (course / chapter.id / ".ipynb_checkpoints").mkdir()
     (course / chapter.id / ".ipynb_checkpoints" / "scratch-checkpoint.ipynb").write_text("{}")
-    check = _autograder("release", "--check", "--chapter", chapter.id, "--course", str(course))
+    check = _release(capsys, "--check", "--chapter", chapter.id, "--course", str(course))
     assert check.returncode == 0, check.stderr
     # A release notebook nobody changed is regenerated without --force.
-    out = _autograder("release", "--chapter", chapter.id, "--course", str(course))
+    out = _release(capsys, "--chapter", chapter.id, "--course", str(course))
     assert out.returncode == 0, out.stderr
 
 

@@ -15,7 +15,14 @@ from pathlib import Path
 
 import nbformat
 
-from redteam.build import CH1, CH1_POINTS, WRONG_PADDING, insert_after_imports, set_cell, solved
+from redteam.build import (
+    CH1,
+    CH1_POINTS,
+    WRONG_PADDING,
+    insert_after_imports,
+    set_cell,
+    solved,
+)
 
 NB = f"{CH1}.ipynb"
 SECRET = b"HOST-SECRET-5b1d2e77"
@@ -95,7 +102,7 @@ class _Batch:
 
 def build(root: Path, source_dir: Path, host: dict[str, Path]) -> dict[str, dict]:
     subs = Path(root) / "submissions"
-    subs.mkdir(parents=True)
+    subs.mkdir(parents=True, exist_ok=True)  # the shared batch holds other corpora too (tests/batch.py)
     batch = _Batch(subs, Path(source_dir))
     batch.add(b"control", batch.honest(), expect())
     for section in (_files_and_paths, _names, _one_notebook_per_chapter, _statuses, _answers, _sandbox,

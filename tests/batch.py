@@ -1,0 +1,196 @@
+"""The session's one grading batch: every submission the grading tests assert on, graded once.
+
+``Batch(root)`` writes ``root/submissions/`` (graded) beside ``root/source/`` (the source notebooks with a
+sentinel planted in their hidden tests, given as ``--source``) and ``root/out/``:
+
+* the red-team corpus (``tests/redteam/build.py``; its honest student has every chapter solved);
+* the second, hostile batch (``tests/redteam/hostile.py``), with host files outside every sandbox;
+* the one-verdict submissions (``tests/one_verdict_cases.py``);
+* ``release_untouched``: every chapter's release as learners get it (``tests/test_run_all.py``);
+* ``fork_bomb_cell``: fork bombs at the top of the notebook and inside ``padding_mask``;
+* a class collected through nbgrader's own exchange (``submitted/<student>/<assignment>/<notebook>``), which
+  ``tests/test_shard.py`` also grades in shards from its own copy (``class_root``).
+
+``grade()`` runs ``python -m autograder grade`` once, sandboxed, with two jobs and a CPU-bound process
+beside it (a busy machine), then ``autograder feedback``. Each test reads its own students' rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import one_verdict_cases
+import support
+from redteam import build as redteam
+from redteam import hostile
+
+from autograder import record, registry, sandbox
+
+CH1 = redteam.CH1
+OPTIONS = ("--jobs", "2", "--cell-timeout", "20", "--notebook-timeout", "300", "--chapter", CH1)
+COURSE_ID = "tdd"
+
+
+def hashes(folder: Path, students: list[str] | None = None) -> dict[str, str]:
+    """sha256 of each regular file under ``folder`` (or under its ``students``' folders only: the hostile ones
+    hold a 100 GB sparse file, fifos, links and a 1500-level tree)."""
+    tops = [folder / s for s in students] if students is not None else [folder]
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for top in tops for p in sorted(top.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+def fingerprint(path: Path) -> tuple:
+    st = os.lstat(path)
+    return st.st_uid, st.st_gid, st.st_mode, path.read_bytes()
+
+
+def class_notebooks() -> dict[tuple[str, str], list[tuple[str, nbformat.NotebookNode]]]:
+    """(student, assignment) -> [(file name, notebook)]: a class worth comparing (passed, failed, missing,
+    a duplicate, two chapters)."""
+    first = registry.get(CH1)
+    second = registry.CHAPTERS[1]
+    wrong = redteam.solved(first.id, support.SOURCE)
+    redteam.set_cell(wrong, "padding_mask_solution", redteam.WRONG_PADDING)
+
+    def solved(ch, only=None):
+        return redteam.solved(ch.id, support.SOURCE, only)
+
+    return {
+        ("ana", first.id): [(first.notebook, solved(first)), (f"{first.id}-Copy1.ipynb", solved(first, set()))],
+        ("ana", second.id): [(second.notebook, solved(second))],
+        ("ben", first.id): [(first.notebook, solved(first, set()))],
+        ("ben", second.id): [(second.notebook, solved(second, {second.exercises[0].name}))],
+        ("cleo", first.id): [(first.notebook, solved(first, {first.exercises[1].name}))],
+        ("dan", first.id): [(first.notebook, wrong)],
+        ("dan", second.id): [(second.notebook, solved(second, set()))],
+    }
+
+
+def nbgrader_collect(course: Path, exchange: Path, work: Path, notebooks: dict) -> None:
+    """Release, submit (as each student) and collect through nbgrader's own exchange, in this process."""
+    from nbgrader.auth import Authenticator
+    from nbgrader.coursedir import CourseDirectory
+    from nbgrader.exchange.default import (
+        ExchangeCollect,
+        ExchangeReleaseAssignment,
+        ExchangeSubmit,
+    )
+    from traitlets.config import Config
+
+    def app(cls, root: Path, assignment: str, student: str | None = None):
+        c = Config()
+        c.CourseDirectory.root = str(root)
+        c.CourseDirectory.course_id = COURSE_ID
+        c.CourseDirectory.db_url = f"sqlite:///{course / 'gradebook.db'}"
+        c.Exchange.root = str(exchange)
+        cd = CourseDirectory(config=c)
+        cd.assignment_id = assignment
+        if student:
+            cd.student_id = student
+        return cls(coursedir=cd, authenticator=Authenticator(config=c), config=c)
+
+    exchange.mkdir(parents=True)
+    old_cwd, old_path = os.getcwd(), os.environ.get("PATH", "")
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{old_path}"  # nbgrader runs alembic
+    try:
+        chapters = sorted({chapter for _, chapter in notebooks})
+        for chapter in chapters:
+            (course / "release" / chapter).mkdir(parents=True)
+            shutil.copy(registry.get(chapter).release_path(), course / "release" / chapter)
+            os.chdir(course)
+            app(ExchangeReleaseAssignment, course, chapter).start()
+        for (student, chapter), files in notebooks.items():
+            home = work / student
+            for name, nb in files:
+                path = home / chapter / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                nbformat.write(nb, path)
+            os.chdir(home)
+            app(ExchangeSubmit, home, chapter, student).start()
+        os.chdir(course)
+        for chapter in chapters:
+            app(ExchangeCollect, course, chapter).start()
+    finally:
+        os.chdir(old_cwd)
+        os.environ["PATH"] = old_path
+
+
+def fork_bomb_notebook() -> nbformat.NotebookNode:
+    bomb = redteam.solved(CH1, support.SOURCE)
+    redteam.insert_after_imports(bomb, "import os\nfor _ in range(3):\n    if os.fork() == 0:\n"
+                                       "        while True:\n            try:\n                os.fork()\n"
+                                       "            except OSError:\n                pass\n")
+    redteam.set_cell(bomb, "padding_mask_solution", "def padding_mask(tokens, pad_id):\n    import os\n"
+                                                    "    while True:\n        os.fork()\n")
+    return bomb
+
+
+class Batch:
+    def __init__(self, root: Path):
+        self.root = root
+        self.subs, self.source, self.out = root / "submissions", root / "source", root / "out"
+        shutil.copytree(support.SOURCE, self.source)
+        redteam.plant_sentinel(self.source)
+        self.out.mkdir()
+        # the red-team corpus: {relpath: {exercise: [points, status]}}
+        self.redteam = redteam.build(root, self.source, tuple(registry.ids()))
+        # the hostile batch: {display name: {"points": .., "statuses": {..}}}
+        self.host = hostile.host_files(root / "host")
+        self.host_before = {name: fingerprint(p) for name, p in self.host.items()}
+        self.hostile = hostile.build(root, self.source, self.host)
+        for student in one_verdict_cases.SUBMISSIONS:
+            chapter = registry.get(one_verdict_cases.SUBMISSIONS[student][0])
+            self._write(student, chapter.notebook, one_verdict_cases.submission(student))
+        for chapter in registry.CHAPTERS:
+            self._write("release_untouched", chapter.notebook, nbformat.read(chapter.release_path(), as_version=4))
+        self._write("fork_bomb_cell", f"{CH1}.ipynb", fork_bomb_notebook())
+        self.class_root = root / "class" / "course" / "submitted"
+        nbgrader_collect(root / "class" / "course", root / "class" / "exchange", root / "class" / "home",
+                         class_notebooks())
+        self.class_students = sorted(p.name for p in self.class_root.iterdir())
+        for student in self.class_students:
+            shutil.copytree(self.class_root / student, self.subs / student)
+        self.plain_students = sorted({path.split("/")[0] for path in self.redteam} | set(one_verdict_cases.SUBMISSIONS)
+                                     | {"release_untouched", "fork_bomb_cell", *self.class_students})
+        self.before = hashes(self.subs, self.plain_students)
+        self.result: subprocess.CompletedProcess | None = None
+
+    def _write(self, student: str, name: str, nb) -> None:
+        path = self.subs / student / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, path)
+
+    def command(self, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "autograder", "grade", str(self.subs), "--out", str(self.out / "grades.csv"),
+                "--source", str(self.source), "--gradebook", f"sqlite:///{self.out / 'gradebook.db'}", *OPTIONS,
+                *extra]
+
+    def grade(self) -> None:
+        with support.cpu_burner():
+            started = time.monotonic()
+            self.result = subprocess.run(self.command(), capture_output=True, cwd=support.REPO, timeout=3000)
+            self.seconds = time.monotonic() - started
+        self.feedback = subprocess.run([sys.executable, "-m", "autograder", "feedback", str(self.out / "grades.csv"),
+                                        "--out", str(self.out / "feedback")], capture_output=True, cwd=support.REPO,
+                                       timeout=300)
+
+    @property
+    def stderr(self) -> str:
+        return self.result.stderr.decode(errors="replace")
+
+    def check(self) -> None:
+        assert self.result.returncode == 0, self.stderr[-3000:]
+
+    def rows(self, student: str | None = None) -> list[dict]:
+        rows = record.read_csv(self.out / "grades.csv")
+        return rows if student is None else [r for r in rows if r["student"] == student]
+
+    def cleanup(self) -> None:
+        sandbox.remove_tree(self.subs)  # its names and depths are hostile to pytest's own cleanup
