@@ -36,7 +36,7 @@ def render(student: str, rows: list[dict]) -> str:
              f"<title>Feedback — {html.escape(student)}</title>",
              "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse;width:100%}"
              "td,th{border:1px solid #ccc;padding:.3em .5em;text-align:left;vertical-align:top}"
-             ".passed{color:#176f2c}.failed,.error,.timeout,.memory,.crashed,.invalid,.flagged,.missing{color:#a4161a}"
+             ".good{color:#176f2c}.bad{color:#a4161a}.neutral{color:#555}"
              "</style>", "</head><body>", f"<h1>Feedback for {html.escape(student)}</h1>",
              f"<p>Total: <b>{score:g} / {top:g}</b></p>"]
     for notebook in dict.fromkeys(r["notebook"] for r in rows):
@@ -48,7 +48,7 @@ def render(student: str, rows: list[dict]) -> str:
             st = r["status"] if r["status"] in status.STATUSES else "error"
             lines.append(f"<tr><td>{html.escape(r['exercise'])}</td>"
                          f"<td>{_number(r['points']):g} / {_number(r['max_points']):g}</td>"
-                         f"<td class='{st}'>{html.escape(status.DESCRIPTIONS[st])}</td>"
+                         f"<td class='{status.TONES[st]} {st}'>{html.escape(status.DESCRIPTIONS[st])}</td>"
                          f"<td>{html.escape(r['reason'])}</td></tr>")
         lines.append("</table>")
     lines.append("</body></html>")

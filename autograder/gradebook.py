@@ -11,13 +11,10 @@ changed; the student and the submission are created when missing; each grade's
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
-from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
 
-from autograder import registry
+from autograder import environment, registry
 
 
 class Recorder:
@@ -25,10 +22,7 @@ class Recorder:
         self.url = url
         self._ready: set[str] = set()
         self._open: Gradebook | None = None
-        # nbgrader creates a new gradebook by running `alembic`, found on PATH: this Python's.
-        bin_dir = str(Path(sys.executable).parent)
-        if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
-            os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+        environment.put_scripts_on_path()  # nbgrader creates a new gradebook by running `alembic`
 
     def _ensure_assignment(self, gb: Gradebook, chapter: registry.Chapter) -> None:
         if chapter.id in self._ready:

@@ -24,8 +24,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autograder import record, results, shard
 from autograder import plan as plans
-from autograder import record, shard
 from autograder.record import printable
 
 SHOWN = 20  # problems listed before "... and N more"
@@ -59,9 +59,9 @@ def collect(dirs: list[Path], plan: plans.Plan) -> Collected:
         for path in files:
             try:
                 data = json.loads(path.read_bytes())
-                index, shards, results = int(data["shard"]), int(data["shards"]), data["results"]
-                if data.get("format") != shard.FORMAT or not isinstance(results, dict) or not all(
-                        _is_result(r) for r in results.values()):
+                index, shards, graded = int(data["shard"]), int(data["shards"]), data["results"]
+                if data.get("format") != shard.FORMAT or not isinstance(graded, dict) or not all(
+                        results.is_result(r) for r in graded.values()):
                     raise ValueError("not a shard record")
             except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
                 out.errors.append(f"{path}: not a finished shard's record ({type(err).__name__}); rerun that shard")
@@ -70,16 +70,8 @@ def collect(dirs: list[Path], plan: plans.Plan) -> Collected:
                 out.errors.append(f"{path}: graded from another plan than {plan.path} (its shard {index}/{shards}); "
                                   "give the plan those shards were graded from, or rerun them with this one")
                 continue
-            out.records.setdefault(index, []).append((path, results))
+            out.records.setdefault(index, []).append((path, {k: results.load(r) for k, r in graded.items()}))
     return out
-
-
-def _is_result(res) -> bool:
-    """Whether ``res`` has what the CSV and the gradebook read of a result."""
-    return (isinstance(res, dict) and all(isinstance(res.get(k), str) for k in ("student", "submission", "sha256"))
-            and isinstance(res.get("rows"), list) and all(
-                isinstance(r, dict) and {"exercise", "points", "max_points", "status", "reason"} <= r.keys()
-                for r in res["rows"]))
 
 
 def problems(plan: plans.Plan, found: Collected) -> tuple[list[str], dict[str, dict]]:
@@ -90,7 +82,7 @@ def problems(plan: plans.Plan, found: Collected) -> tuple[list[str], dict[str, d
         lines.append(f"missing shard(s) {', '.join(f'{i}/{plan.shards}' for i in missing)}: run each with "
                      f"`python -m autograder grade SUBMISSIONS --plan {plan.path} --shard i/{plan.shards} "
                      "--out DIR/grades.csv` and give its DIR")
-    results: dict[str, dict] = {}
+    by_key: dict[str, dict] = {}
     for index, records in sorted(found.records.items()):
         entries = {e.key: e for e in plan.of_shard(index)}
         lacking, extra, conflicts = [], [], []
@@ -99,10 +91,10 @@ def problems(plan: plans.Plan, found: Collected) -> tuple[list[str], dict[str, d
             for key, entry in entries.items():
                 if key not in got:
                     lacking.append(entry.submission)
-                elif key in results and results[key] != got[key]:
+                elif key in by_key and by_key[key] != got[key]:
                     conflicts.append(f"{entry.submission} ({path})")
                 else:
-                    results.setdefault(key, got[key])
+                    by_key.setdefault(key, got[key])
         if lacking:
             lines.append(f"shard {index}/{plan.shards} lacks {len(lacking)} result(s): {_some(sorted(set(lacking)))}; "
                          "rerun that shard")
@@ -112,7 +104,7 @@ def problems(plan: plans.Plan, found: Collected) -> tuple[list[str], dict[str, d
         if conflicts:
             lines.append(f"two different results for {len(conflicts)} notebook(s) of shard {index}/{plan.shards}: "
                          f"{_some(conflicts)}; keep one folder per shard")
-    return lines, results
+    return lines, by_key
 
 
 def _some(items: list[str]) -> str:
@@ -121,8 +113,6 @@ def _some(items: list[str]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autograder import grade
-
     try:
         plan = plans.load(args.plan)
     except plans.BadPlan as err:
@@ -135,29 +125,27 @@ def run(args: argparse.Namespace) -> int:
         for line in wrong:
             print(f"  {printable(line)}", file=sys.stderr)
         return 1
-    results = list(plan.fixed) + [by_key[e.key] for e in plan.entries]
+    merged = list(plan.fixed) + [by_key[e.key] for e in plan.entries]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    record.write_csv(out, grade.csv_rows(results))
-    failed = _gradebook(args.gradebook, results)
+    record.write_csv(out, results.csv_rows(merged))
+    failed = _gradebook(args.gradebook, merged)
     retry = sorted({e.shard for e in plan.entries if by_key[e.key].get("retry")})
     if retry:
         print(f"warning: some notebooks got a grader error (status 'error', see their reason); rerun shard(s) "
               f"{', '.join(f'{i}/{plan.shards}' for i in retry)} and merge again to grade them", file=sys.stderr)
-    grade.summary(results, out)
+    results.summary(merged, out)
     return 1 if failed else 0
 
 
-def _gradebook(url: str | None, results: list[dict]) -> int:
+def _gradebook(url: str | None, merged: list[dict]) -> int:
     """Record the results in the gradebook; the number that failed (each said on stderr)."""
-    from autograder import grade
-
     if url is None and Path("gradebook.db").exists():
         url = f"sqlite:///{Path('gradebook.db').resolve()}"
-    todo = [res for res in results if grade.in_gradebook(res)]
+    todo = [res for res in merged if results.in_gradebook(res)]
     if url in (None, "none") or not todo:
         return 0
-    from autograder import gradebook
+    from autograder import gradebook  # nbgrader, loaded only when a gradebook is written
 
     book, failed = gradebook.Recorder(url), 0
     with book.session():

@@ -7,6 +7,8 @@ gradebook) copy this file into your own course directory and copy the chapters
 of ``autograder/source/`` into its ``source/`` folder.
 """
 
+from autograder import limits
+
 c = get_config()  # noqa: F821 (provided by traitlets when nbgrader loads this file)
 
 c.CourseDirectory.course_id = "transformer-deep-dive"
@@ -22,8 +24,8 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 # Hidden tests (### BEGIN HIDDEN TESTS ... ### END HIDDEN TESTS) are removed from the
 # release and put back by autograde; nbgrader's default delimiters are used.
 
-# autograde runs each submission top to bottom; a cell gets at most 5 minutes.
-c.Execute.timeout = 300
+# autograde runs each submission top to bottom; a cell gets at most 5 minutes (autograder/limits.py).
+c.Execute.timeout = limits.NBGRADER_CELL_SECONDS
 c.Execute.interrupt_on_timeout = True
 c.Execute.allow_errors = True
 # Waits for the kernel in slices of 1 s, so a lost zmq wake-up cannot hold a cell until its timeout

@@ -2,7 +2,7 @@
 
 Grading past one machine is three commands: ``plan`` (here) freezes which file is graded
 for each student and chapter — the same decision as ``grade`` makes, by the same
-function (:func:`autograder.grade.plan`) — with each file's sha256 and its shard;
+function (:func:`autograder.engine.work_list`) — with each file's sha256 and its shard;
 ``grade --plan plan.json --shard i/N`` (:mod:`autograder.shard`) grades one shard
 anywhere; ``merge`` (:mod:`autograder.merge`) checks that every shard finished and is the
 only writer of the CSV and the gradebook. The engines that run the shards (a Kubernetes
@@ -26,19 +26,16 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
-import importlib.metadata
-import importlib.util
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from autograder import record, registry, sandbox
+from autograder import engine, limits, record, registry
+from autograder.identity import identity
 from autograder.record import printable
 
 FORMAT = "autograder-plan/1"
-DISTRIBUTION = "transformer-deep-dive"
-PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 class BadPlan(Exception):
@@ -49,7 +46,7 @@ class BadPlan(Exception):
 class Entry:
     """One notebook of the plan."""
 
-    key: str  # grade.state_key(submission, sha256): names its result everywhere
+    key: str  # engine.state_key(submission, sha256): names its result everywhere
     student: str
     submission: str  # printable path relative to SUBMISSIONS
     raw: bytes  # the same path as the file system has it
@@ -71,51 +68,6 @@ class Plan:
 
     def of_shard(self, index: int) -> list[Entry]:
         return [e for e in self.entries if e.shard == index]
-
-
-# --- the grader's identity -----------------------------------------------------------------
-
-
-def grader_version() -> str:
-    try:
-        return importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def _module_file(module: str) -> Path | None:
-    spec = importlib.util.find_spec(module)
-    return Path(spec.origin) if spec is not None and spec.origin else None
-
-
-def sources_digest() -> str:
-    """sha256 over everything that decides a verdict: every ``autograder/*.py`` and ``autograder/checks/*.py``
-    (checks, judging, runner, sandbox, registry), the chapters' reference modules and the released notebooks
-    ``course/NN_*/*.ipynb`` (their unchanged test cells are skipped).
-
-    Files are named by module or by path below the course, not by where they are, so the same
-    sources installed anywhere give the same digest; two grader images that differ in any of
-    them refuse each other's plans.
-    """
-    files = {f"autograder.{p.stem}": p for p in PACKAGE_DIR.glob("*.py")}
-    files |= {f"autograder.checks.{p.stem}": p for p in (PACKAGE_DIR / "checks").glob("*.py")}
-    for chapter in registry.CHAPTERS:
-        for module in chapter.answers:
-            path = _module_file(module)
-            if path is not None:
-                files[module] = path
-    course = PACKAGE_DIR.parent / "course"
-    files |= {f"course/{p.relative_to(course).as_posix()}": p for p in course.glob("[0-9][0-9]_*/*.ipynb")}
-    digest = hashlib.sha256()
-    for name in sorted(files):
-        data = files[name].read_bytes()
-        digest.update(f"{name}\0{len(data)}\0".encode())
-        digest.update(data)
-    return digest.hexdigest()
-
-
-def identity() -> dict:
-    return {"version": grader_version(), "sources": sources_digest()}
 
 
 # --- balance -------------------------------------------------------------------------------
@@ -142,13 +94,11 @@ def balance(costs: list[float], shards: int) -> list[int]:
 
 def build(jobs: list, fixed: list[dict], shards: int, chapters: tuple[str, ...] | None, max_bytes: int,
           costs: dict[str, float]) -> dict:
-    """The plan as JSON-ready data, from ``grade.plan``'s jobs and fixed rows."""
-    from autograder.grade import state_key
-
+    """The plan as JSON-ready data, from :func:`autograder.engine.work_list`'s jobs and fixed results."""
     jobs = sorted(jobs, key=lambda j: (j.chapter, j.student, j.raw))  # equal costs: each chapter dealt out evenly
     cost = [costs.get(j.chapter, 1.0) for j in jobs]
     shard_of = balance(cost, shards)
-    entries = [{"key": state_key(j.submission, j.sha256), "student": j.student, "submission": j.submission,
+    entries = [{"key": engine.state_key(j.submission, j.sha256), "student": j.student, "submission": j.submission,
                 "raw": base64.b64encode(j.raw).decode("ascii"), "chapter": j.chapter, "sha256": j.sha256,
                 "cost": c, "shard": s} for j, c, s in zip(jobs, cost, shard_of)]
     return {"format": FORMAT, "grader": identity(), "shards": shards,
@@ -206,7 +156,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("plan.json"), help="the plan to write (default plan.json)")
     parser.add_argument("--chapter", action="append", metavar="NN_name", choices=registry.ids(),
                         help="a chapter every student should have submitted (repeatable), as for `grade`")
-    parser.add_argument("--max-notebook-mb", type=float, default=64.0,
+    parser.add_argument("--max-notebook-mb", type=float, default=limits.MAX_NOTEBOOK_MB,
                         help="larger files are not read, and graded invalid (default %(default)s)")
     parser.add_argument("--cost", action="append", default=[], metavar="NN_name=SECONDS",
                         help="expected grading seconds of one notebook of a chapter, for balancing (repeatable; "
@@ -214,8 +164,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _costs(items: list[str]) -> dict[str, float]:
-    from autograder.grade import BadInput
-
     costs = {}
     for item in items:
         chapter, _, seconds = item.partition("=")
@@ -224,38 +172,34 @@ def _costs(items: list[str]) -> dict[str, float]:
         except ValueError:
             value = -1.0
         if chapter not in registry.ids() or not value > 0:
-            raise BadInput(f"--cost must be NN_name=SECONDS with a chapter id and seconds > 0; got {item!r} "
+            raise engine.BadInput(f"--cost must be NN_name=SECONDS with a chapter id and seconds > 0; got {item!r} "
                            f"(chapters: {', '.join(registry.ids())})")
         costs[chapter] = value
     return costs
 
 
 def run(args: argparse.Namespace) -> int:
-    from autograder import grade
-
     try:
         if args.shards < 1:
-            raise grade.BadInput(f"--shards must be at least 1; got {args.shards}")
+            raise engine.BadInput(f"--shards must be at least 1; got {args.shards}")
         if args.max_notebook_mb <= 0:
-            raise grade.BadInput(f"--max-notebook-mb must be > 0; got {args.max_notebook_mb}")
+            raise engine.BadInput(f"--max-notebook-mb must be > 0; got {args.max_notebook_mb}")
         costs = _costs(args.cost)
         root = Path(args.submissions).resolve()
         out = Path(args.out).resolve()
         if not root.is_dir():
-            raise grade.BadInput(f"SUBMISSIONS must be a folder; {args.submissions} is not one. {grade.LAYOUT_HINT}")
+            raise engine.BadInput(f"SUBMISSIONS must be a folder; {args.submissions} is not one. {engine.LAYOUT_HINT}")
         if root == out.parent or root in out.parents:
-            raise grade.BadInput("--out must be outside SUBMISSIONS (the grader never writes into the submissions)")
-        cfg = grade.Settings(root=root, out=out, state=out.parent, jobs=1,
-                             chapters=tuple(args.chapter) if args.chapter else None, gradebook=None,
-                             limits=sandbox.Limits(), hide=(), max_bytes=int(args.max_notebook_mb * 2**20),
-                             regrade=False, course_dir=registry.COURSE_DIR)
-        found, jobs, fixed = grade.work_list(cfg)
-    except grade.BadInput as err:
+            raise engine.BadInput("--out must be outside SUBMISSIONS (the grader never writes into the submissions)")
+        chapters = tuple(args.chapter) if args.chapter else None
+        max_bytes = int(args.max_notebook_mb * 2**20)
+        found, jobs, fixed = engine.work_list(root, chapters, max_bytes, out.parent)
+    except engine.BadInput as err:
         print(f"error: {printable(str(err))}", file=sys.stderr)
         return 1
     for line in found.skipped:
         print(f"skipped: {line}", file=sys.stderr)
-    data = build(jobs, fixed, args.shards, cfg.chapters, cfg.max_bytes, costs)
+    data = build(jobs, fixed, args.shards, chapters, max_bytes, costs)
     out.parent.mkdir(parents=True, exist_ok=True)
     record.atomic_write(out, json.dumps(data, indent=1).encode())
     print(f"planned {len(jobs)} notebook(s) of {len(found.students)} student(s) in {args.shards} shard(s) -> "

@@ -24,7 +24,6 @@ import argparse
 import copy
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -34,7 +33,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograder import registry
+from autograder import environment, registry
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_DIR = PACKAGE_DIR / "source"
@@ -137,14 +136,6 @@ def nbgrader_config(course_root: Path):
     return config
 
 
-def ensure_scripts_on_path() -> None:
-    """nbgrader's gradebook runs the ``alembic`` script by name: make the scripts of this
-    interpreter's environment findable even when the virtualenv is not activated."""
-    scripts = str(Path(sys.executable).parent)
-    if scripts not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
-
-
 def make_course_dir(course_root: Path, source_dir: Path = SOURCE_DIR, names: list[str] | None = None) -> list[str]:
     """Copy the chapters of ``source_dir`` into ``course_root/source/``; returns their names."""
     names = chapters(source_dir) if names is None else names
@@ -194,7 +185,7 @@ def generate_in_course(root: Path, source_dir: Path = SOURCE_DIR, names: list[st
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
 
-    ensure_scripts_on_path()
+    environment.put_scripts_on_path()  # nbgrader's gradebook runs alembic by name
     names = make_course_dir(root, source_dir, names)
     config = nbgrader_config(root)
     api = NbGraderAPI(CourseDirectory(config=config), config=config)

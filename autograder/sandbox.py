@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import hmac
 import json
 import os
 import re
@@ -44,31 +45,36 @@ from pathlib import Path
 
 import autograder
 import solutions
-from autograder import wire
+from autograder import environment, limits, wire
+from autograder.protocol import Died, Failed, Op
+from autograder.runner import signer
 
 PACKAGE_DIR = Path(autograder.__file__).resolve().parent
+MAC_BYTES = 32  # each answer is followed by its HMAC-SHA256 (autograder.runner.signer)
 SOLUTIONS_DIR = Path(solutions.__file__).resolve().parent
 
 
 @dataclass(frozen=True)
 class Limits:
-    cell_seconds: float = 60.0  # wall time of one cell or one probe
-    notebook_seconds: float = 600.0  # wall time of everything run for one notebook
-    memory_bytes: int = 6 * 2**30  # RLIMIT_AS; `import torch` alone maps about 3.3 GB of address space
-    processes: int = 64  # RLIMIT_NPROC of the sandbox uid (threads count too)
-    file_bytes: int = 64 * 2**20  # RLIMIT_FSIZE: the largest file the learner may write
-    disk_bytes: int = 256 * 2**20  # everything the learner may write (/sandbox and /tmp together, bwrap)
-    output_bytes: int = 1 * 2**20  # the learner's prints; the runner is killed past this
-    cpu_seconds: int = 1200  # RLIMIT_CPU, a backstop behind the wall-time limits
-    start_seconds: float = 60.0  # wall time to start the runner (imports torch)
+    """A kernel's limits; the defaults, and why each value, are in :mod:`autograder.limits`."""
+
+    cell_seconds: float = limits.CELL_SECONDS  # wall time of one cell or one probe
+    notebook_seconds: float = limits.NOTEBOOK_SECONDS  # wall time of everything run for one notebook
+    memory_bytes: int = limits.MEMORY_BYTES  # RLIMIT_AS
+    processes: int = limits.PROCESSES  # RLIMIT_NPROC of the sandbox uid (threads count too)
+    file_bytes: int = limits.FILE_BYTES  # RLIMIT_FSIZE: the largest file the learner may write
+    disk_bytes: int = limits.DISK_BYTES  # everything the learner may write (/sandbox and /tmp together, bwrap)
+    output_bytes: int = limits.OUTPUT_BYTES  # the learner's prints; the runner is killed past this
+    cpu_seconds: int = limits.CPU_SECONDS  # RLIMIT_CPU, a backstop behind the wall-time limits
+    start_seconds: float = limits.START_SECONDS  # wall time to start the runner (imports torch)
 
 
 class RunnerDied(Exception):
-    """The runner was stopped or died; ``kind`` is timeout, memory, crashed, output or start."""
+    """The runner was stopped or died; ``kind`` (a :class:`autograder.protocol.Died`) says how."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: Died, message: str):
         super().__init__(message)
-        self.kind = kind
+        self.kind = Died(kind)
 
 
 @functools.lru_cache(maxsize=1)
@@ -352,6 +358,10 @@ class Runner:
     _scratch: Path | None = None  # host folder for the learner's files (unshare and none only)
     _namespace: str | None = None  # the runner's pid namespace (bwrap, unshare)
     _runner_pid: int | None = None  # the runner's pid as it sees itself
+    _sign: object = None  # the session's signer of answers (autograder.runner.signer)
+    _nonce: int = 0  # of the last request
+    _violations: int | None = None  # our end of the violations channel
+    _violations_child: int | None = None  # the runner's end, while it starts
 
     # -- start --
 
@@ -377,11 +387,10 @@ class Runner:
     def _command(self, uid: int | None, cwd: str) -> tuple[list[str], dict]:
         rlimits = {"RLIMIT_AS": self.limits.memory_bytes, "RLIMIT_FSIZE": self.limits.file_bytes,
                    "RLIMIT_NPROC": self.limits.processes, "RLIMIT_CPU": self.limits.cpu_seconds, "RLIMIT_CORE": 0}
-        config = json.dumps({"rlimits": rlimits, "uid": uid, "cwd": cwd,
-                                  "parent": None if self.level != "none" else os.getpid()})
+        config = json.dumps({"rlimits": rlimits, "uid": uid, "cwd": cwd, "violations_fd": self._violations_child,
+                             "parent": None if self.level != "none" else os.getpid()})
         runner = [sys.executable, "-I", "-m", "autograder.runner", config]
-        env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "HOME": cwd, "LANG": "C.UTF-8",
-               "TDD_QUICK": "1"}
+        env = environment.kernel(home=cwd)
         if self.level == "bwrap":
             return _bwrap_prefix(self.hide, self.limits) + runner, env
         if self.level == "unshare":
@@ -392,7 +401,7 @@ class Runner:
         return self.level, self.limits.memory_bytes
 
     def start(self) -> None:
-        """(Re)start the runner with fresh scratch space; RunnerDied("start", why) if it cannot start.
+        """(Re)start the runner with fresh scratch space; RunnerDied(Died.START, why) if it cannot start.
 
         A kernel that could not start within the memory limit will not start within it later
         either: this process then says so at once for every later notebook, without trying again.
@@ -400,32 +409,40 @@ class Runner:
         self.kill()
         known = _START_FAILURES.get(self._start_key())
         if known is not None:
-            raise RunnerDied("start", f"the kernel could not start: {known}")
+            raise RunnerDied(Died.START, f"the kernel could not start: {known}")
         uid = self._uid()
         cwd = self._fresh_scratch(uid)
+        key = secrets.token_bytes(32)
+        self._sign, self._nonce = signer(key), 0
+        self._violations, self._violations_child = os.pipe()
         cmd, env = self._command(uid, cwd)
         self.output, self._output_total, self._over, self._killed = bytearray(), 0, False, None
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         cwd="/" if self.level == "bwrap" else cwd, env=env,
-                                         start_new_session=True, close_fds=True)
+                                         cwd="/" if self.level == "bwrap" else cwd, env=env, start_new_session=True,
+                                         close_fds=True, pass_fds=(self._violations_child,))
         except OSError as err:
-            raise RunnerDied("start", f"the kernel could not start ({err.strerror})") from None
+            raise RunnerDied(Died.START, f"the kernel could not start ({err.strerror})") from None
+        finally:
+            os.close(self._violations_child)
+            self._violations_child = None
+        os.set_blocking(self._violations, False)
         os.set_blocking(self.proc.stdin.fileno(), False)
         self._drain = threading.Thread(target=self._drain_output, args=(self.proc,), daemon=True)
         self._drain.start()
         try:
+            self._write(wire.pack({"key": key.hex()}), time.monotonic() + self.limits.start_seconds)
             ready = self._read_answer(self.limits.start_seconds)
         except RunnerDied as died:
-            raise RunnerDied("start", f"the kernel could not start: {died}") from None
+            raise RunnerDied(Died.START, f"the kernel could not start: {died}") from None
         if ready.get("ready") is not True:
             self.kill()
             why = str(ready.get("error", ""))[:200]
-            if ready.get("kind") == "memory":
+            if ready.get("kind") == Failed.MEMORY:
                 why = (f"it cannot work within the memory limit of {self.limits.memory_bytes / 2**30:g} GB "
                        "(address space; PyTorch alone maps about 3.5 GB): raise --memory-gb")
                 _START_FAILURES[self._start_key()] = why
-            raise RunnerDied("start", f"the kernel could not start: {why}")
+            raise RunnerDied(Died.START, f"the kernel could not start: {why}")
         pid = ready.get("pid")
         self._runner_pid = pid if type(pid) is int else None
         self._namespace = self._find_namespace()
@@ -456,7 +473,7 @@ class Runner:
                 self.output += chunk[: 16384 - len(self.output)]
             if self._output_total > self.limits.output_bytes and not self._over:
                 self._over = True
-                self._killed = "output"
+                self._killed = Died.OUTPUT
                 self._kill_tree(proc)
 
     # -- stopping --
@@ -499,40 +516,70 @@ class Runner:
             found.append(int(entry))
         return found
 
-    def reap(self, seconds: float = 5.0) -> int:
+    def host_pid(self) -> int | None:
+        """The runner's pid as this process sees it (inside bwrap or unshare it has another one of its own)."""
+        if self.proc is None:
+            return None
+        if self._namespace is None:
+            return self.proc.pid
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and _pid_namespace(int(entry)) == self._namespace:
+                inner = _proc_status(entry).get("NSpid", "").split()
+                if inner and inner[-1] == str(self._runner_pid):
+                    return int(entry)
+        return None
+
+    def reap(self, seconds: float = 30.0) -> int:
         """Kill every process the learner's code left in the sandbox (all but the runner); how many.
 
-        One pass of "list, then kill" is not enough: a process that keeps forking has children the
-        list never saw, and one of them is a new fork bomb. So every process found is first sent
-        SIGSTOP, pass after pass, until each one has really stopped (state ``T``: it is back from
-        any fork it was in, so that child is visible and found in the next pass) and a pass finds
-        none that is new; a stopped process cannot fork, and keeps its slot in the process limit.
-        Then they are all killed.
+        First the runner's whole process group is stopped with one signal (the learner's processes are in it
+        unless they left it): nothing in it can fork any more, however fast it forks, and the runner is
+        stopped with them for that moment. Then, pass after pass, every process found that is not the runner
+        is sent SIGSTOP until each one has really stopped (state ``T``: it is back from any fork it was in, so
+        that child is visible and found in the next pass) and a pass finds none that is new — this finds also
+        those that left the group. Then they are all killed, and the runner goes on.
         """
-        deadline = time.monotonic() + seconds
-        signalled: set[int] = set()
-        while time.monotonic() < deadline:
-            # First whether all those signalled have stopped, then the list: a child made before
-            # its parent stopped (or exited) is in the list; one made later cannot exist.
-            settled = all(_stopped_or_gone(pid) for pid in signalled)
-            new = [pid for pid in self._leftovers() if pid not in signalled]
-            for pid in new:
-                try:
-                    os.kill(pid, signal.SIGSTOP)
-                except (ProcessLookupError, PermissionError):
-                    continue
-                signalled.add(pid)
-            if settled and not new:
-                break
-            time.sleep(0.001)
-        for pid in signalled:
+        group = self.host_pid() if self._leftovers() else None
+        if group is not None:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.killpg(group, signal.SIGSTOP)
             except (ProcessLookupError, PermissionError):
-                pass
-        return len(signalled)
+                group = None
+        try:
+            deadline = time.monotonic() + seconds
+            signalled: set[int] = set()
+            while time.monotonic() < deadline:
+                # First whether all those signalled have stopped, then the list: a child made before
+                # its parent stopped (or exited) is in the list; one made later cannot exist.
+                settled = all(_stopped_or_gone(pid) for pid in signalled)
+                new = [pid for pid in self._leftovers() if pid not in signalled]
+                for pid in new:
+                    try:
+                        os.kill(pid, signal.SIGSTOP)
+                    except (ProcessLookupError, PermissionError):
+                        continue
+                    signalled.add(pid)
+                if settled and not new:
+                    break
+                if not new:
+                    time.sleep(0.001)
+            for pid in signalled:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            return len(signalled)
+        finally:
+            if group is not None:
+                try:
+                    os.kill(group, signal.SIGCONT)  # the runner only: the others are dead
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     def kill(self) -> None:
+        if self._violations is not None:
+            os.close(self._violations)
+            self._violations = None
         if self.proc is not None:
             self._kill_tree(self.proc)
             try:
@@ -557,13 +604,13 @@ class Runner:
         self._drain.join(timeout=5)
         killed = self._killed
         self.kill()
-        if killed == "output":
-            return RunnerDied("output", f"printed more than {self.limits.output_bytes} bytes; the kernel was stopped")
+        if killed == Died.OUTPUT:
+            return RunnerDied(Died.OUTPUT, f"printed more than {self.limits.output_bytes} bytes; the kernel was stopped")
         if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
-            return RunnerDied("timeout", "the kernel used up its CPU time limit")
+            return RunnerDied(Died.TIMEOUT, "the kernel used up its CPU time limit")
         if code in (-signal.SIGKILL, 128 + signal.SIGKILL):
-            return RunnerDied("memory", "the kernel was killed, most likely for using too much memory")
-        return RunnerDied("crashed", f"the kernel died (exit status {code})")
+            return RunnerDied(Died.MEMORY, "the kernel was killed, most likely for using too much memory")
+        return RunnerDied(Died.CRASHED, f"the kernel died (exit status {code})")
 
     def _stop(self, kind: str, message: str) -> RunnerDied:
         self._killed = kind
@@ -578,7 +625,7 @@ class Runner:
         while view:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise self._stop("timeout", "the kernel stopped reading its input; it was stopped")
+                raise self._stop(Died.TIMEOUT, "the kernel stopped reading its input; it was stopped")
             _, writable, _ = select.select([], [fd], [], min(left, 0.5))
             if self._over:
                 raise self._died()
@@ -601,7 +648,7 @@ class Runner:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise self._stop("timeout", f"took longer than {timeout:.3g} s; the kernel was stopped")
+                raise self._stop(Died.TIMEOUT, f"took longer than {timeout:.3g} s; the kernel was stopped")
             ready, _, _ = select.select([fd], [], [], min(left, 0.5))
             if self._over:
                 raise self._died()
@@ -619,14 +666,17 @@ class Runner:
                 try:
                     size = wire.body_size(bytes(buf))
                 except wire.ProtocolError:
-                    raise self._stop("crashed", "the kernel sent a malformed answer") from None
-                buf, need = bytearray(), size
-                if size:
-                    continue
+                    raise self._stop(Died.CRASHED, "the kernel sent a malformed answer") from None
+                buf, need = bytearray(), size + MAC_BYTES
+                continue
+            body, mac = bytes(buf[:size]), bytes(buf[size:])
+            if not hmac.compare_digest(self._sign(self._nonce, wire.HEADER.pack(size) + body), mac):
+                raise self._stop(Died.TAMPERED, "an answer that is not the grader's own reached the grader: the "
+                                                "notebook's code wrote to the grader's channel; the kernel was stopped")
             try:
-                return wire.parse(bytes(buf))
+                return wire.parse(body)
             except wire.ProtocolError:
-                raise self._stop("crashed", "the kernel sent a malformed answer") from None
+                raise self._stop(Died.CRASHED, "the kernel sent a malformed answer") from None
 
     def request(self, message: dict, timeout: float) -> dict:
         """Send ``message`` and return the answer; RunnerDied if the kernel is stopped or dies meanwhile.
@@ -635,18 +685,42 @@ class Runner:
         processes the learner's code left behind are killed.
         """
         if self.proc is None or self.proc.poll() is not None:
-            raise RunnerDied("crashed", "the kernel is not running")
+            raise RunnerDied(Died.CRASHED, "the kernel is not running")
         deadline = time.monotonic() + timeout
+        self._nonce += 1
         try:
-            self._write(wire.pack(message), deadline)
-            return self._read_answer(max(deadline - time.monotonic(), 0.001))
+            self._write(wire.pack({**message, "nonce": self._nonce}), deadline)
+            answer = self._read_answer(max(deadline - time.monotonic(), 0.001))
         finally:
             self.reap()
+        seen = self.violation()
+        if seen is not None and isinstance(answer, dict):
+            answer = {**answer, "violation": seen}
+        return answer
+
+    def violation(self) -> str | None:
+        """What the guard reported on the violations channel since the last request (or that the channel was
+        closed by the notebook's code), or None."""
+        if self._violations is None:
+            return None
+        data = b""
+        while True:
+            try:
+                chunk = os.read(self._violations, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                return data.split(b"\n", 1)[0].decode("utf-8", "replace") if data else (
+                    "closed the channel on which the checks report what it calls, which is not allowed")
+            data += chunk
+            if len(data) > 65536:
+                break
+        return data.split(b"\n", 1)[0].decode("utf-8", "replace") if data else None
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             try:
-                self._write(wire.pack({"op": "exit"}), time.monotonic() + 1)
+                self._write(wire.pack({"op": Op.EXIT}), time.monotonic() + 1)
             except RunnerDied:
                 pass
         self.kill()

@@ -12,27 +12,31 @@ import argparse
 import sys
 from pathlib import Path
 
+from autograder import limits as caps
 from autograder import registry, sandbox, status, submissions, verdict
 from autograder.record import printable
 
-MAX_BYTES = 256 * 2**20
+MAX_BYTES = caps.SELFCHECK_MAX_BYTES
 ISOLATION = "none"  # the learner's own machine: no sandbox, the learner's own user
+NOTEBOOK_TIMEOUTS = 6  # the whole self-check may take this many --timeout's (a stalled kernel ends it in time)
 
 
 def limits(timeout: float) -> sandbox.Limits:
     """The kernel's limits for a self-check with ``--timeout``: time only; memory, processes and output are the
     learner's own machine's business."""
-    return sandbox.Limits(cell_seconds=timeout, notebook_seconds=max(600.0, 5 * timeout), memory_bytes=2**40,
+    return sandbox.Limits(cell_seconds=timeout, notebook_seconds=NOTEBOOK_TIMEOUTS * timeout, memory_bytes=2**40,
                           processes=4096, output_bytes=64 * 2**20)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("notebook", type=Path,
                         help="your chapter notebook, e.g. course/01_attention_by_hand/01_attention_by_hand.ipynb")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds for one cell or one check (default 120)")
+    parser.add_argument("--timeout", type=float, default=caps.SELFCHECK_CELL_SECONDS,
+                        help="seconds for one cell or one check (default %(default)s); the whole check stops after "
+                             f"{NOTEBOOK_TIMEOUTS} times this")
 
 
-def check(notebook: Path, timeout: float = 120.0) -> tuple[list[dict], float, float]:
+def check(notebook: Path, timeout: float = caps.SELFCHECK_CELL_SECONDS) -> tuple[list[dict], float, float]:
     """(rows, visible score, maximum) of ``notebook``; ValueError with a one-line reason if it cannot be checked."""
     path = Path(notebook)
     chapter_id, _, _ = submissions.match_chapter(path.name)

@@ -9,7 +9,8 @@ particular to a shard lives here:
   environment: ``JOB_COMPLETION_INDEX`` (Kubernetes Indexed Job) or
   ``SLURM_ARRAY_TASK_ID`` (Slurm array, submitted as ``--array=0-(N-1)``);
 * :func:`work` — the shard's entries; each file is hashed again, and one that changed
-  (or is gone) since the plan was made becomes ``stale`` rows instead of being graded;
+  (or is gone) since the plan was made becomes ``stale`` rows (:func:`autograder.results.stale`)
+  instead of being graded;
 * :func:`finish` — when every entry has a result, ``DIR/shard-i-of-N.json`` records them
   with the plan's digest: the file ``merge`` reads. A shard killed before that leaves no
   such file (its state under ``DIR/grades.csv.state/`` lets a rerun skip what it graded).
@@ -24,8 +25,8 @@ import os
 import re
 from pathlib import Path
 
+from autograder import engine, record, results, submissions
 from autograder import plan as plans
-from autograder import record, registry, status, submissions, verdict
 
 FORMAT = "autograder-shard/1"
 INDEX_VARIABLES = ("JOB_COMPLETION_INDEX", "SLURM_ARRAY_TASK_ID")
@@ -69,20 +70,9 @@ def record_path(out: Path, index: int, shards: int) -> Path:
     return Path(out).parent / f"shard-{index}-of-{shards}.json"
 
 
-def stale_result(entry: plans.Entry, why: str) -> dict:
-    from autograder.grade import result
-
-    reason = record.printable(f"{why}; it was not graded: make a new plan to grade the new file")
-    return result(entry.student, entry.submission, entry.chapter,
-                  verdict.rows_for_all(registry.get(entry.chapter), status.STALE, reason), kind="stale")
-
-
-def work(cfg) -> tuple[list, list[dict]]:
-    """The shard's jobs (files unchanged since the plan) and its stale rows; forgets an earlier finished record."""
-    from autograder.grade import BadInput, Job
-
-    plan, (index, shards) = cfg.plan, cfg.shard
-    record_path(cfg.out, index, shards).unlink(missing_ok=True)
+def work(cfg: engine.Settings, plan: plans.Plan, index: int) -> tuple[list[engine.Job], list[dict]]:
+    """The shard's jobs (files unchanged since the plan) and its stale results; forgets an earlier finished record."""
+    record_path(cfg.out, index, plan.shards).unlink(missing_ok=True)
     entries = plan.of_shard(index)
     jobs, stale, gone = [], [], 0
     for entry in entries:
@@ -90,18 +80,20 @@ def work(cfg) -> tuple[list, list[dict]]:
             digest = submissions.sha256_of(cfg.root, entry.raw, plan.max_bytes)
         except submissions.Unreadable as err:
             gone += 1
-            stale.append(stale_result(entry, f"the file cannot be read since the plan was made ({err})"))
+            stale.append(results.stale(entry.student, entry.submission, entry.chapter,
+                                       f"the file cannot be read since the plan was made ({err})"))
             continue
         if digest != entry.sha256:
-            stale.append(stale_result(entry, f"the file changed after the plan was made (planned sha256 "
-                                             f"{entry.sha256[:12]}, now {digest[:12]})"))
+            stale.append(results.stale(entry.student, entry.submission, entry.chapter,
+                                       f"the file changed after the plan was made (planned sha256 {entry.sha256[:12]}, "
+                                       f"now {digest[:12]})"))
             continue
-        jobs.append(Job(entry.student, entry.submission, entry.raw, entry.chapter, entry.sha256,
-                        str(cfg.state / f"{entry.key}.json")))
+        jobs.append(engine.Job(entry.student, entry.submission, entry.raw, entry.chapter, entry.sha256,
+                               str(cfg.state / f"{entry.key}.json")))
     if entries and gone == len(entries):
-        raise BadInput(f"none of the {len(entries)} notebook(s) of shard {index}/{shards} can be read under "
-                       f"{cfg.root}: is SUBMISSIONS the folder the plan was made from (the same layout, mounted "
-                       f"anywhere)? e.g. {entries[0].submission}")
+        raise engine.BadInput(f"none of the {len(entries)} notebook(s) of shard {index}/{plan.shards} can be read "
+                              f"under {cfg.root}: is SUBMISSIONS the folder the plan was made from (the same layout, "
+                              f"mounted anywhere)? e.g. {entries[0].submission}")
     return jobs, stale
 
 
@@ -110,21 +102,17 @@ def restale(res: dict, planned: dict[str, str]) -> dict:
     want = planned.get(res["submission"])
     if want is None or not res["sha256"] or res["sha256"] == want:
         return res
-    from autograder.grade import result
-
-    reason = (f"the file changed after the plan was made (planned sha256 {want[:12]}, graded {res['sha256'][:12]}); "
-              "it was not graded: make a new plan to grade the new file")
-    return result(res["student"], res["submission"], res["chapter"],
-                  verdict.rows_for_all(registry.get(res["chapter"]), status.STALE, reason), kind="stale")
+    return results.stale(res["student"], res["submission"], res["chapter"],
+                         f"the file changed after the plan was made (planned sha256 {want[:12]}, graded "
+                         f"{res['sha256'][:12]})")
 
 
-def finish(cfg, results: list[dict]) -> Path:
+def finish(out: Path, plan: plans.Plan, index: int, graded: list[dict]) -> Path:
     """Write ``DIR/shard-i-of-N.json``: every entry's result, under the plan's digest (atomic)."""
-    plan, (index, shards) = cfg.plan, cfg.shard
-    by_submission = {r["submission"]: r for r in results}
-    out = {"format": FORMAT, "plan": plan.digest, "shard": index, "shards": shards,
-           "results": {e.key: by_submission[e.submission] for e in plan.of_shard(index)
-                       if e.submission in by_submission}}
-    path = record_path(cfg.out, index, shards)
-    record.atomic_write(path, json.dumps(out, indent=1).encode())
+    by_submission = {r["submission"]: r for r in graded}
+    data = {"format": FORMAT, "plan": plan.digest, "shard": index, "shards": plan.shards,
+            "results": {e.key: {k: by_submission[e.submission][k] for k in results.RESULT_FIELDS}
+                        for e in plan.of_shard(index) if e.submission in by_submission}}
+    path = record_path(out, index, plan.shards)
+    record.atomic_write(path, json.dumps(data, indent=1).encode())
     return path

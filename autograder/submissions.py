@@ -10,7 +10,9 @@ Layouts read as they are (no copying):
 
 A notebook's chapter comes from its file name: the exact ``NN_name.ipynb``, or a renamed
 copy of it (``NN_name-Copy1.ipynb`` from JupyterLab's Duplicate, ``NN_name (1).ipynb``
-from a browser download, ``NN_name_v2.ipynb``...). Per student and chapter one file is
+from a browser download, ``NN_name_v2.ipynb``...). Inside an nbgrader assignment folder
+(``<student>/<chapter id>/...``) the folder decides: a notebook named after another chapter is
+that student's chapter of the folder, ``invalid``, and never counts as the other chapter. Per student and chapter one file is
 graded — the exact name at the shallowest depth, else the only renamed copy — and the
 others are reported as duplicates. Names starting with ``.`` are not read: inside a
 student's folder silently (``.ipynb_checkpoints``, Jupyter's autosaved copies; ``.git``),
@@ -52,6 +54,7 @@ class Found:
     exact: bool  # the name is exactly NN_name.ipynb
     depth: int
     problem: str | None = None  # why it cannot be graded (a link, a FIFO...), if it cannot
+    folder: str | None = None  # the chapter of the nbgrader assignment folder it is in (<student>/<chapter>/...)
 
 
 @dataclass
@@ -130,10 +133,25 @@ def discover(root: Path) -> Discovery:
     return result
 
 
+def assignment_folder(path: bytes) -> str | None:
+    """The chapter whose id names the first folder below the student's (nbgrader's
+    ``submitted/<student>/<assignment>/...``), or None."""
+    parts = path.split(b"/")
+    if len(parts) < 3:
+        return None
+    name = os.fsdecode(parts[1])
+    return name if name in registry.ids() else None
+
+
 def _found(path: bytes, name: bytes, depth: int, student: str | None, is_link: bool) -> Found:
     filename = os.fsdecode(name)
     chapter, exact, rest = match_chapter(filename)
+    folder = assignment_folder(path) if student is not None else None
     problem = "a link, not a regular file (links are never followed)" if is_link else None
+    if folder is not None and chapter is not None and chapter != folder:
+        problem = problem or (f"its name says chapter {chapter} but it is in the assignment folder {folder}: a "
+                              f"notebook is graded as the assignment it was submitted to; submit {folder}.ipynb there")
+        chapter, exact = folder, False
     if student is None:  # flat layout: the student is the rest of the file name
         student = display_name(os.fsencode(rest)) if chapter and rest else ""
         # <student>_<chapter>.ipynb is the exact flat name; a copy suffix after the chapter is not
@@ -142,7 +160,7 @@ def _found(path: bytes, name: bytes, depth: int, student: str | None, is_link: b
             problem = problem or ("the file name must carry the student and the chapter, e.g. "
                                   "alice_01_attention_by_hand.ipynb, or put each student's notebooks "
                                   "in a folder of their own")
-    return Found(student, display_name(path), path, chapter, exact, depth, problem)
+    return Found(student, display_name(path), path, chapter, exact, depth, problem, folder)
 
 
 def read(root: Path, raw: bytes, max_bytes: int, *, keep: bool = True) -> tuple[bytes, str]:

@@ -22,29 +22,20 @@ in order (each a function below):
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import json
+import re
 import secrets
 import time
+import warnings
 from pathlib import Path
 
 import nbformat
 
-from autograder import registry, sandbox, status, wire
+from autograder import limits as caps
+from autograder import protocol, registry, results, sandbox, status, wire
 from autograder.checks import core, honesty
-
-RUNNER_STATUS = {"timeout": status.TIMEOUT, "memory": status.MEMORY, "crashed": status.CRASHED,
-                 "output": status.ERROR, "start": status.CRASHED}
-
-
-def row(exercise: registry.Exercise, status_: str, reason: str = "") -> dict:
-    """One grades.csv row for ``exercise``: points only when passed."""
-    return {"exercise": exercise.name, "points": exercise.points if status_ == status.PASSED else 0,
-            "max_points": exercise.points, "status": status_, "reason": reason}
-
-
-def rows_for_all(chapter: registry.Chapter, status_: str, reason: str) -> list[dict]:
-    return [row(ex, status_, reason) for ex in chapter.exercises]
 
 
 # --- 1. read ---------------------------------------------------------------------------
@@ -54,11 +45,24 @@ class NotANotebook(ValueError):
     """The file is not a notebook; the message never quotes the file's content."""
 
 
-def read_notebook(data: bytes) -> nbformat.NotebookNode:
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def read_notebook(data: bytes, warned: list | None = None) -> nbformat.NotebookNode:
+    """The notebook in ``data``; :class:`NotANotebook` (quoting nothing of the file) otherwise.
+
+    Its size in JSON containers and in cells is checked on the raw bytes, before it is parsed: a small file of
+    millions of empty objects would take gigabytes once parsed. nbformat's warnings (e.g. duplicate cell ids)
+    are counted into ``warned``, never printed one by one.
+    """
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise NotANotebook(f"the file is not UTF-8 text (byte {err.start})") from None
+    containers = _STRINGS.sub(b"", data).translate(None, b"]}\" \t\r\n,:0123456789.-+eEtrufalsn")
+    if len(containers) > caps.MAX_JSON_CONTAINERS:
+        raise NotANotebook(f"the file holds {len(containers)} JSON objects and arrays, more than the "
+                           f"{caps.MAX_JSON_CONTAINERS} a notebook this grader reads may hold")
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as err:
@@ -67,15 +71,22 @@ def read_notebook(data: bytes) -> nbformat.NotebookNode:
         raise NotANotebook("the file is JSON nested too deeply to be a notebook") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list):
         raise NotANotebook("the file is JSON but not a notebook (no list of cells)")
-    try:
-        nb = nbformat.reads(text, as_version=4)
-        nbformat.validate(nb)
-    except RecursionError:
-        raise NotANotebook("the file is JSON nested too deeply to be a notebook") from None
-    except Exception as err:  # noqa: BLE001 — nbformat's messages quote the content: say only where
-        where = "/".join(str(p) for p in list(getattr(err, "absolute_path", []) or [])[:6])
-        raise NotANotebook("the file is JSON but not a valid notebook (nbformat 4)"
-                           + (f"; the problem is at {where}" if where else "")) from None
+    if len(raw["cells"]) > caps.MAX_CELLS:
+        raise NotANotebook(f"the notebook has {len(raw['cells'])} cells, more than the {caps.MAX_CELLS} this grader "
+                           "reads")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            nb = nbformat.reads(text, as_version=4)
+            nbformat.validate(nb)
+        except RecursionError:
+            raise NotANotebook("the file is JSON nested too deeply to be a notebook") from None
+        except Exception as err:  # noqa: BLE001 — nbformat's messages quote the content: say only where
+            where = "/".join(str(p) for p in list(getattr(err, "absolute_path", []) or [])[:6])
+            raise NotANotebook("the file is JSON but not a valid notebook (nbformat 4)"
+                               + (f"; the problem is at {where}" if where else "")) from None
+    if warned is not None:
+        warned.extend(getattr(w.category, "__name__", "Warning") for w in caught)
     return nb
 
 
@@ -148,7 +159,7 @@ def syntax_errors(cells: list[tuple[int, str]], code: Code) -> dict[int, str]:
 # --- 3. static flags -------------------------------------------------------------------
 
 
-MAX_CODE_BYTES = 2**20  # code the static pass reads, in all of a notebook's cells
+MAX_CODE_BYTES = caps.MAX_CODE_BYTES
 
 
 def static_flags(chapter: registry.Chapter, code: Code) -> dict[str, str | None]:
@@ -187,7 +198,7 @@ class Session:
         return self.deadline - time.monotonic()
 
     def out_of_time(self) -> sandbox.RunnerDied:
-        return sandbox.RunnerDied("timeout", f"the notebook ran longer than its {self.limits.notebook_seconds:g} s limit")
+        return sandbox.RunnerDied(protocol.Died.TIMEOUT, f"the notebook ran longer than its {self.limits.notebook_seconds:g} s limit")
 
     def boot(self) -> None:
         """Start the kernel and run every cell that did not kill it before; sets ``dead`` on failure."""
@@ -213,10 +224,11 @@ class Session:
                 self.dead = self.out_of_time()
                 return True
             try:
-                answer = self.runner.request({"op": "cell", "source": src}, min(self.limits.cell_seconds, left))
+                answer = self.runner.request({"op": protocol.Op.CELL, "source": src}, min(self.limits.cell_seconds, left))
                 if answer.get("ok") is False:
-                    kind = answer.get("kind") if answer.get("kind") in ("memory", "raised") else "raised"
-                    self.errors[i] = (kind, str(answer.get("error", ""))[:300])
+                    kind = protocol.Failed.MEMORY if protocol.failed(answer.get("kind")) == protocol.Failed.MEMORY \
+                        else protocol.Failed.RAISED
+                    self.errors[i] = (kind, str(answer.get("error", ""))[: caps.ERROR_CHARS])
                 else:
                     self.errors.pop(i, None)
             except sandbox.RunnerDied as died:
@@ -232,20 +244,23 @@ class Session:
 
         def call(case: core.Case, inputs: dict) -> core.ProbeResult:
             if self.dead is not None:
-                raise core.ProbeError(RUNNER_STATUS.get(self.dead.kind, status.CRASHED), str(self.dead))
+                raise core.ProbeError(protocol.status_of_death(self.dead.kind), str(self.dead))
             left = self.time_left()
             if left <= 0:
                 raise core.ProbeError(status.TIMEOUT, str(self.out_of_time()))
             try:
                 encoded = wire.encode_value(inputs)
+                pid = self.runner.host_pid() if case.memory else None
+                before = core.peak_reset(pid) if pid is not None else None  # measured from here: out of its reach
                 answer = self.runner.request(
-                    {"op": "probe", "target": exercise.target, "probe": case.probe, "inputs": encoded,
+                    {"op": protocol.Op.PROBE, "target": exercise.target, "probe": case.probe, "inputs": encoded,
                      "forbidden": list(forbidden), "answer_files": list(answer_files)},
                     min(self.limits.cell_seconds, left))
+                peak = core.peak_growth(pid, before) if pid is not None else None
             except sandbox.RunnerDied as died:
                 self.boot()  # the next exercises get a live kernel
-                raise core.ProbeError(RUNNER_STATUS.get(died.kind, status.CRASHED), str(died)) from None
-            return core.result_from_answer(answer)
+                raise core.ProbeError(protocol.status_of_death(died.kind), str(died)) from None
+            return dataclasses.replace(core.result_from_answer(answer), peak=peak)
 
         return call
 
@@ -269,17 +284,17 @@ def judge(chapter: registry.Chapter, session: Session, flags: dict[str, str | No
         cell = owners.get(ex.name)
         if cell is not None and cell in session.killed:
             died = session.killed[cell]
-            rows.append(row(ex, RUNNER_STATUS.get(died.kind, status.CRASHED),
+            rows.append(results.row(ex, protocol.status_of_death(died.kind),
                             f"the cell that defines it was stopped: {died}"))
             continue
         if flags.get(ex.name):
-            rows.append(row(ex, status.FLAGGED, f"not accepted: your code {flags[ex.name]}"))
+            rows.append(results.row(ex, status.FLAGGED, f"not accepted: your code {flags[ex.name]}"))
             continue
         verdict = core.judge_check(checks[ex.name], session.probe(ex, checks[ex.name].forbidden, answer_files),
                                    fresh_seeds(level), level=level)
         if verdict.status == status.MISSING and "is not defined" in verdict.reason:
             verdict = _why_not_defined(ex, verdict, cell, session, syntax)
-        rows.append(row(ex, verdict.status, verdict.reason))
+        rows.append(results.row(ex, verdict.status, verdict.reason))
     return rows
 
 
@@ -296,12 +311,12 @@ def _why_not_defined(ex: registry.Exercise, verdict: core.Verdict, cell: int | N
         if earlier and message.startswith("NameError"):  # a name an earlier failing cell should have defined
             first = min(earlier)
             first_kind, first_message = session.errors[first]
-            if first_kind == "memory":
+            if first_kind == protocol.Failed.MEMORY:
                 return core.Verdict(status.MEMORY, f"cell {first} ran out of memory ({first_message}), so the cell "
                                                    f"that defines {ex.target} failed too ({message})")
             return core.Verdict(status.ERROR, f"cell {first} raised {first_message}, so the cell that defines "
                                               f"{ex.target} failed too ({message})")
-        if kind == "memory":
+        if kind == protocol.Failed.MEMORY:
             return core.Verdict(status.MEMORY, f"the cell that defines {ex.target} ran out of memory ({message})")
         return core.Verdict(status.ERROR, f"the cell that defines {ex.target} raised {message}")
     return verdict
@@ -329,14 +344,17 @@ def grade_notebook(data: bytes, chapter: registry.Chapter, *, level: str = "hidd
     ``static_cpu_seconds``: the CPU time of the static pass.
     """
     deadline = time.monotonic() + limits.notebook_seconds
+    warned: list = []
     try:
-        nb = read_notebook(data)
+        nb = read_notebook(data, warned)
     except NotANotebook as err:
-        return rows_for_all(chapter, status.INVALID, f"the notebook could not be read: {err}")
+        return results.rows_for_all(chapter, status.INVALID, f"the notebook could not be read: {err}")
     code_bytes = sum(len(src.encode("utf-8", "surrogatepass")) for _, src in _code_cells(nb))
     if code_bytes > MAX_CODE_BYTES:
-        return rows_for_all(chapter, status.INVALID, f"the notebook's code cells hold {code_bytes} bytes of code, more "
+        return results.rows_for_all(chapter, status.INVALID, f"the notebook's code cells hold {code_bytes} bytes of code, more "
                                                      f"than the {MAX_CODE_BYTES} bytes the grader reads")
+    if timing is not None and warned:
+        timing["nbformat_warnings"] = len(warned)
     started = time.process_time()
     code = Code(nb)
     cells = cells_to_run(code, release_cells(str(chapter.release_path(course_dir))))
@@ -348,8 +366,8 @@ def grade_notebook(data: bytes, chapter: registry.Chapter, *, level: str = "hidd
     session = Session(runner, cells, limits, deadline)
     try:
         session.boot()
-        if session.dead is not None and session.dead.kind == "start":
-            return rows_for_all(chapter, status.CRASHED, str(session.dead))
+        if session.dead is not None and session.dead.kind == protocol.Died.START:
+            return results.rows_for_all(chapter, status.CRASHED, str(session.dead))
         return judge(chapter, session, flags, owners(chapter, cells, code), syntax_errors(cells, code), level)
     finally:
         runner.close()

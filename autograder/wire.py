@@ -18,16 +18,24 @@ import math
 import struct
 from typing import Any
 
+from autograder import limits  # constants only: the standard library
+
 # Framing needs only the standard library; values need PyTorch, imported on first use, so that
 # the kernel can answer before it has loaded PyTorch (e.g. that it cannot, within its memory limit).
 
 MAX_MESSAGE = 64 * 2**20  # bytes of one message, either way
 MAX_DEPTH = 32  # nesting of lists/dicts inside a value
+MAX_TENSOR_DIMS = limits.MAX_TENSOR_DIMS
+MAX_TENSOR_ELEMENTS = limits.MAX_TENSOR_ELEMENTS
 HEADER = struct.Struct(">Q")
 
 
 class ProtocolError(ValueError):
     """A message or value that is not what the protocol allows (size, type, shape, depth)."""
+
+
+class Unsendable(TypeError):
+    """A value this protocol cannot carry (another type, nested too deep)."""
 
 
 # --- framing -------------------------------------------------------------------------
@@ -76,12 +84,14 @@ def _to_json(obj: Any, depth: int) -> Any:
     import torch
 
     if depth > MAX_DEPTH:
-        raise TypeError(f"values nested deeper than {MAX_DEPTH} levels cannot be sent")
+        raise Unsendable(f"values nested deeper than {MAX_DEPTH} levels cannot be sent")
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
+        if type(t) is not torch.Tensor:  # a subclass: its own values, as a plain tensor (computed here, in sight)
+            t = t.as_subclass(torch.Tensor).clone()
         name = str(t.dtype).removeprefix("torch.")
         if name not in _dtypes():
-            raise TypeError(f"cannot send tensors of dtype {t.dtype}")
+            raise Unsendable(f"cannot send tensors of dtype {t.dtype}")
         raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""  # reshape: 0-dim too
         sent = {"__tensor__": name, "shape": list(t.shape), "data": base64.b64encode(raw).decode("ascii")}
         if obj.is_leaf and obj.requires_grad:  # autograd state of a tensor the learner was given (and may change)
@@ -97,19 +107,21 @@ def _to_json(obj: Any, depth: int) -> Any:
         return {"__list__": [_to_json(x, depth + 1) for x in obj], "tuple": isinstance(obj, tuple)}
     if isinstance(obj, dict):
         if not all(isinstance(k, str) for k in obj):
-            raise TypeError("only dicts with str keys can be sent")
+            raise Unsendable("only dicts with str keys can be sent")
         return {"__dict__": {k: _to_json(v, depth + 1) for k, v in obj.items()}}
-    raise TypeError(f"cannot send a {type(obj).__name__}")
+    raise Unsendable(f"cannot send a {type(obj).__name__}")
 
 
-def _tensor_from_json(obj: dict) -> "torch.Tensor":
+def _tensor_from_json(obj: dict):
     import torch
 
     dtype = _dtypes().get(obj.get("__tensor__")) if isinstance(obj.get("__tensor__"), str) else None
     shape, data = obj.get("shape"), obj.get("data")
-    if (dtype is None or not isinstance(shape, list) or not isinstance(data, str) or len(shape) > MAX_DEPTH
-            or not all(type(n) is int and n >= 0 for n in shape)):
+    if (dtype is None or not isinstance(shape, list) or not isinstance(data, str) or len(shape) > MAX_TENSOR_DIMS
+            or not all(type(n) is int and 0 <= n <= MAX_TENSOR_ELEMENTS for n in shape)):
         raise ProtocolError("malformed tensor")
+    if math.prod(shape) > MAX_TENSOR_ELEMENTS:
+        raise ProtocolError(f"a tensor of more than {MAX_TENSOR_ELEMENTS} elements")
     try:
         raw = bytearray(base64.b64decode(data, validate=True))
     except (binascii.Error, ValueError):
@@ -160,8 +172,13 @@ def _from_json(obj: Any, depth: int) -> Any:
 
 
 def encode_value(obj: Any) -> str:
-    """A JSON string for ``obj``; TypeError for what cannot be sent (other types, too deep)."""
-    return json.dumps(_to_json(obj, 0))
+    """A JSON string for ``obj``; :class:`Unsendable` for what cannot be sent (other types, too deep)."""
+    try:
+        return json.dumps(_to_json(obj, 0))
+    except Unsendable:
+        raise
+    except (TypeError, ValueError, RecursionError) as err:
+        raise Unsendable(str(err)[:300]) from None
 
 
 def decode_value(text: Any) -> Any:

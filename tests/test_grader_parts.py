@@ -6,7 +6,6 @@ Each test names the attack class of docs/grading.md's threat model it covers.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 import stat
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder import record, registry, sandbox, submissions, wire
+from autograder import record, registry, results, sandbox, submissions, wire
 from autograder.checks import core, honesty
 
 CH1 = registry.CHAPTERS[0]
@@ -85,7 +84,7 @@ def test_read_refuses_links_fifos_devices_and_oversized_files(tmp_path):
         assert time.monotonic() - started < 30  # a FIFO must not block; the sparse file is never read
     os.symlink(tmp_path, root / "dirlink")
     with pytest.raises(submissions.Unreadable):
-        submissions.read(root, f"dirlink/secret.txt".encode(), 1000)  # no link on the way either
+        submissions.read(root, "dirlink/secret.txt".encode(), 1000)  # no link on the way either
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
@@ -151,13 +150,10 @@ def test_match_chapter_exact_renamed_and_flat():
     assert submissions.match_chapter(f"{CH1.id}_but_different.ipynb")[0] is None
 
 
-def _plan(root: Path, tmp_path: Path):
-    from autograder import grade
+def _plan(root: Path, tmp_path: Path, chapters: tuple[str, ...] | None = None):
+    from autograder import engine
 
-    cfg = grade.Settings(root=root, out=tmp_path / "out" / "grades.csv", state=tmp_path / "state", jobs=1,
-                         chapters=None, gradebook=None, limits=sandbox.Limits(), hide=(), max_bytes=10**6,
-                         regrade=False, course_dir=tmp_path / "course")
-    return grade.work_list(cfg)
+    return engine.work_list(root, chapters, 10**6, tmp_path / "state")
 
 
 def test_two_renamed_copies_lose_the_chapter_with_a_reason(tmp_path):
@@ -185,11 +181,11 @@ def test_flat_layout_exact_name_wins_over_a_copy(tmp_path):
 
 
 def test_a_flat_notebook_without_a_student_says_so(tmp_path):
-    from autograder import grade
+    from autograder import engine
 
     root = tmp_path / "subs"
     _touch(root / NB)
-    with pytest.raises(grade.BadInput, match="no student to grade it for"):
+    with pytest.raises(engine.BadInput, match="no student to grade it for"):
         _plan(root, tmp_path)
 
 
@@ -725,8 +721,17 @@ def test_kernel_that_cannot_start_is_started_once_and_every_exercise_says_why(mo
 # --- a notebook that kills its grading worker: retried once, then an error row; the batch ends ------
 
 
+def _settings(root: Path, tmp_path: Path, **changes):
+    from autograder import engine
+
+    values = dict(root=root, out=tmp_path / "out" / "grades.csv", state=tmp_path / "state", jobs=1, chapters=None,
+                  gradebook=None, limits=sandbox.Limits(), hide=(), max_bytes=10**7, regrade=False,
+                  course_dir=registry.COURSE_DIR)
+    return engine.Settings(**{**values, **changes})
+
+
 def test_grade_job_a_grader_failure_is_that_notebooks_error_rows_and_not_cached(tmp_path, monkeypatch):
-    from autograder import grade, verdict
+    from autograder import engine, verdict
 
     root = tmp_path / "subs"
     _touch(root / "alice" / NB, (registry.COURSE_DIR / CH1.id / NB).read_bytes())
@@ -735,57 +740,53 @@ def test_grade_job_a_grader_failure_is_that_notebooks_error_rows_and_not_cached(
         raise RecursionError("deep")
 
     monkeypatch.setattr(verdict, "grade_notebook", broken)
-    cfg = grade.Settings(root=root, out=tmp_path / "out" / "grades.csv", state=tmp_path / "state", jobs=1,
-                         chapters=None, gradebook=None, limits=sandbox.Limits(), hide=(), max_bytes=10**7,
-                         regrade=False, course_dir=registry.COURSE_DIR)
+    cfg = _settings(root, tmp_path)
     (tmp_path / "state").mkdir()
-    _, jobs, _ = grade.work_list(cfg)
-    res = grade.grade_job(jobs[0], cfg)
+    _, jobs, _ = engine.work_list(cfg.root, None, cfg.max_bytes, cfg.state)
+    res = engine.grade_job(jobs[0], cfg)
     assert [r["exercise"] for r in res["rows"]] == [ex.name for ex in CH1.exercises]
     assert {r["status"] for r in res["rows"]} == {"error"} and res["retry"] is True
     assert "the grader failed on this notebook (RecursionError)" in res["rows"][0]["reason"]
     assert list((tmp_path / "state").iterdir()) == []  # graded again next run
 
 
-class KillsTheWorker:
-    """A path that ends the worker process that turns it into a Path (as a grader crash would)."""
-
-    def __fspath__(self):
-        os._exit(3)
-
-
 @pytest.mark.slow
-def test_run_jobs_ends_when_every_notebook_kills_its_worker(tmp_path):
-    from autograder import grade
+def test_run_jobs_charges_a_dead_worker_to_the_notebook_that_killed_it(tmp_path):
+    """Two notebooks kill their grading worker, two are honest, two jobs at a time: a broken pool is retried one
+    notebook at a time in a pool of its own, so only the killers get error rows; the honest ones are graded as
+    usual (here: their grading also fails, through a monkeypatched grader, but with their own reason); and the
+    batch ends, with every notebook's result."""
+    from autograder import engine
 
     root = tmp_path / "subs"
     jobs = []
-    for student in ("a", "b", "c"):
+    for student in ("a", "b", "c", "d"):
         _touch(root / student / NB)
-        jobs.append(grade.Job(student, f"{student}/{NB}", f"{student}/{NB}".encode(), CH1.id, "0" * 64,
-                              str(tmp_path / f"{student}.json")))
-    cfg = grade.Settings(root=root, out=tmp_path / "out" / "grades.csv", state=tmp_path / "state", jobs=2,
-                         chapters=None, gradebook=None, limits=sandbox.Limits(), hide=(KillsTheWorker(),),
-                         max_bytes=10**6, regrade=False, course_dir=tmp_path / "course")
-    pools = []
-    real_pool = grade.cf.ProcessPoolExecutor
+        jobs.append(engine.Job(student, f"{student}/{NB}", f"{student}/{NB}".encode(), CH1.id, "0" * 64,
+                               str(tmp_path / f"{student}.json")))
+    killers = {"a", "c"}
+    cfg = _settings(root, tmp_path, jobs=2, max_bytes=10**6, course_dir=tmp_path / "course")
+    real_grade_job = engine.grade_job
 
-    def counting_pool(*args, **kwargs):
-        pools.append(1)
-        assert len(pools) <= 6, "the pool is restarted again and again: a notebook that kills its worker " \
-                                "must be retried once, then get an error row"
-        return real_pool(*args, **kwargs)
+    def grade_job(job, cfg):
+        if job.student in killers:
+            os._exit(3)
+        return real_grade_job(job, cfg)
 
     results = []
-    grade.cf.ProcessPoolExecutor = counting_pool
+    engine.grade_job, engine.MP_CONTEXT = grade_job, "fork"  # the workers see the stand-in
     try:
-        grade.run_jobs(jobs, cfg, results.append)
+        engine.run_jobs(jobs, cfg, results.append)
     finally:
-        grade.cf.ProcessPoolExecutor = real_pool
-    assert sorted(r["student"] for r in results) == ["a", "b", "c"]
+        engine.grade_job, engine.MP_CONTEXT = real_grade_job, "forkserver"
+    assert sorted(r["student"] for r in results) == ["a", "b", "c", "d"]
     for r in results:
-        assert {row["status"] for row in r["rows"]} == {"error"} and r["retry"] is True
-        assert all("died twice" in row["reason"] for row in r["rows"])
+        reasons = {row["reason"] for row in r["rows"]}
+        if r["student"] in killers:
+            assert {row["status"] for row in r["rows"]} == {"error"} and r["retry"] is True
+            assert all("the grading worker died on it" in reason for reason in reasons), reasons
+        else:
+            assert not any("worker died" in reason for reason in reasons), reasons
 
 
 # --- the grader's command line on wrong input ------------------------------------------------------
@@ -851,7 +852,7 @@ def test_gradebook_sets_the_max_score_of_an_existing_grade_cell_to_the_registry_
     so nbgrader's totals agree with grades.csv."""
     from nbgrader.api import Gradebook
 
-    from autograder import gradebook, verdict
+    from autograder import gradebook
 
     url = f"sqlite:///{tmp_path / 'gradebook.db'}"
     book = gradebook.Recorder(url)  # puts this Python's alembic on PATH, which a new gradebook needs
@@ -861,7 +862,7 @@ def test_gradebook_sets_the_max_score_of_an_existing_grade_cell_to_the_registry_
         gb.update_or_create_notebook(CH1.id, CH1.id)
         gb.update_or_create_grade_cell(f"{first.name}_tests", CH1.id, CH1.id, max_score=first.points + 5.0,
                                        cell_type="code")
-    rows = verdict.rows_for_all(CH1, "passed", "")
+    rows = results.rows_for_all(CH1, "passed", "")
     book.record({"student": "alice", "submission": f"alice/{NB}", "chapter": CH1.id, "sha256": "0" * 64,
                  "rows": rows, "retry": False, "kind": "graded"})
     with Gradebook(url) as gb:

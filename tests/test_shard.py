@@ -25,16 +25,7 @@ import pytest
 from redteam import build as redteam
 from support import sandboxed
 
-from autograder import (
-    grade,
-    plan,
-    record,
-    registry,
-    sandbox,
-    shard,
-    status,
-    submissions,
-)
+from autograder import engine, identity, plan, record, registry, results, shard, status, submissions
 from autograder.__main__ import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,7 +134,7 @@ def test_balance_unequal_costs_stays_within_one_item_of_the_mean():
 
 
 def test_plan_is_grade_plan_frozen_with_raw_names(tmp_path, capsys):
-    """The plan's entries and fixed rows are grade.plan's, and any file name survives as bytes."""
+    """The plan's entries and fixed rows are the engine's work list, and any file name survives as bytes."""
     subs = tmp_path / "subs"
     odd = b"st\xffud\nent\\x"  # not UTF-8, a newline, a backslash
     _write(subs / os.fsdecode(odd) / CH1.notebook)
@@ -151,11 +142,8 @@ def test_plan_is_grade_plan_frozen_with_raw_names(tmp_path, capsys):
     _write(subs / "ana" / f"{CH1.id}-Copy1.ipynb")  # a duplicate
     _write(subs / "ben" / "homework.ipynb")  # no chapter's name
     (subs / "cleo").mkdir()  # nothing submitted: missing
-    plan_ = _make_plan(capsys, subs, tmp_path / "plan.json", 2)
-    cfg = grade.Settings(root=subs.resolve(), out=tmp_path / "x.csv", state=tmp_path, jobs=1, chapters=None,
-                         gradebook=None, limits=sandbox.Limits(), hide=(), max_bytes=64 * 2**20, regrade=False,
-                         course_dir=registry.COURSE_DIR)
-    _, jobs, fixed = grade.work_list(cfg)
+    plan_ = _make_plan(capsys, subs, tmp_path / "plan.json", 2, "--chapter", CH1.id)
+    _, jobs, fixed = engine.work_list(subs.resolve(), (CH1.id,), 64 * 2**20, tmp_path)
     assert sorted((e.student, e.raw, e.sha256) for e in plan_.entries) == sorted(
         (j.student, j.raw, j.sha256) for j in jobs)
     assert sorted(json.dumps(r, sort_keys=True) for r in plan_.fixed) == sorted(
@@ -165,7 +153,7 @@ def test_plan_is_grade_plan_frozen_with_raw_names(tmp_path, capsys):
     entry = by_raw[odd + b"/" + CH1.notebook.encode()]
     assert submissions.read(subs.resolve(), entry.raw, 2**26)[1] == entry.sha256
     assert "\n" not in entry.student and "\\xff" in entry.student  # printable, one-to-one
-    assert entry.key == grade.state_key(entry.submission, entry.sha256)
+    assert entry.key == engine.state_key(entry.submission, entry.sha256)
     raw_json = json.loads((tmp_path / "plan.json").read_text())
     assert base64.b64decode(raw_json["entries"][0]["raw"]) in by_raw
 
@@ -196,16 +184,15 @@ def test_plan_costs_balance_a_heavy_chapter(tmp_path, capsys):
 
 def _grader_copy(tmp_path: Path) -> Path:
     """The autograder package and the released notebooks, copied elsewhere as another image would hold them."""
-    shutil.copytree(plan.PACKAGE_DIR, tmp_path / "autograder", ignore=shutil.ignore_patterns("__pycache__", "source"))
+    shutil.copytree(identity.PACKAGE_DIR, tmp_path / "autograder", ignore=shutil.ignore_patterns("__pycache__", "source"))
     for notebook in (REPO / "course").glob("[0-9][0-9]_*/*.ipynb"):
         shutil.copy(notebook, _mkdirs(tmp_path / "course" / notebook.relative_to(REPO / "course")))
     return tmp_path / "autograder"
 
 
-def test_sources_digest_follows_the_sources_not_their_place(tmp_path, monkeypatch):
-    mine = plan.sources_digest()
-    monkeypatch.setattr(plan, "PACKAGE_DIR", _grader_copy(tmp_path))
-    assert plan.sources_digest() == mine  # the same sources installed elsewhere
+def test_sources_digest_follows_the_sources_not_their_place(tmp_path):
+    mine = identity.sources_digest()
+    assert identity.sources_digest(_grader_copy(tmp_path)) == mine  # the same sources installed elsewhere
 
 
 @pytest.mark.parametrize("edited", [
@@ -216,12 +203,12 @@ def test_sources_digest_follows_the_sources_not_their_place(tmp_path, monkeypatc
     "autograder/wire.py",
     f"course/{CH1.id}/{CH1.notebook}",  # the release: its unchanged test cells are skipped
 ])
-def test_sources_digest_changes_with_every_file_that_decides_a_verdict(tmp_path, monkeypatch, edited):
-    monkeypatch.setattr(plan, "PACKAGE_DIR", _grader_copy(tmp_path))
-    before = plan.sources_digest()
+def test_sources_digest_changes_with_every_file_that_decides_a_verdict(tmp_path, edited):
+    copy = _grader_copy(tmp_path)
+    before = identity.sources_digest(copy)
     path = tmp_path / edited
     path.write_bytes(path.read_bytes() + b"\n")
-    assert plan.sources_digest() != before
+    assert identity.sources_digest(copy) != before
 
 
 def test_plan_of_another_grader_is_refused_in_one_line(tmp_path, capsys):
@@ -297,7 +284,7 @@ def test_shard_of_a_wrong_folder_is_refused(stale_class, capsys):
 def test_restale_turns_a_result_of_other_bytes_into_stale_rows():
     rows = [{"exercise": e.name, "points": e.points, "max_points": e.points, "status": "passed", "reason": ""}
             for e in CH1.exercises]
-    res = grade.result("ana", "ana/x.ipynb", CH1.id, rows, "b" * 64)
+    res = results.result("ana", "ana/x.ipynb", CH1.id, rows, "b" * 64)
     assert shard.restale(res, {"ana/x.ipynb": "b" * 64}) is res
     stale = shard.restale(res, {"ana/x.ipynb": "a" * 64})
     assert [r["status"] for r in stale["rows"]] == [status.STALE] * len(CH1.exercises)
@@ -310,9 +297,9 @@ def test_restale_turns_a_result_of_other_bytes_into_stale_rows():
 def test_summary_totals_each_student_once(capsys):
     """merge prints grade's summary; a student's notebooks may come from different shards, in any order."""
     def res(student, points, top, st="passed"):
-        return grade.result(student, f"{student}/x.ipynb", CH1.id, [
+        return results.result(student, f"{student}/x.ipynb", CH1.id, [
             {"exercise": "e", "points": points, "max_points": top, "status": st, "reason": ""}], "s")
-    grade.summary([res("bo", 1, 2), res("al", 0, 3, "failed"), res("bo", 2, 2), res("al", 3, 3)], Path("g.csv"))
+    results.summary([res("bo", 1, 2), res("al", 0, 3, "failed"), res("bo", 2, 2), res("al", 3, 3)], Path("g.csv"))
     out = capsys.readouterr().out.splitlines()
     assert out == ["graded 4 notebook(s) of 2 student(s) -> g.csv", "  failed: 1, passed: 3", "  al: 3/6", "  bo: 3/4"]
 

@@ -410,6 +410,12 @@ def _judge_grads(inputs: dict[str, Any], outputs: dict[str, Any], ref_out: torch
 
 # --- tiled_attention ----------------------------------------------------------
 
+# On the large case the full (seq_q, seq_k) scores are 128 MB in float32: the call may add half of that to the
+# kernel's peak resident memory (its blocks, the inputs and outputs take a few MB).
+TILED_PEAK_BYTES = 64 * 2**20
+TILED_PEAK_HINT = ("your code held about as much memory at once as the full (seq_q, seq_k) score matrix, whatever "
+                   "library computed it: keep only (seq_q, block_size) scores at a time")
+
 
 def _tiled_inputs(lead: tuple[int, ...], seq_q: int, seq_k: int, d_head: int, block_size: int, *,
                   dtype: torch.dtype = torch.float32, large: bool = False):
@@ -599,6 +605,9 @@ CHECKS: dict[str, Check] = {
             _case("scores around ±2000, seq_k not a multiple of block_size", _tiled_inputs((2, 1), 8, 29, 4, 4,
                   dtype=torch.float64, large=True), _judge_tiled, probe="call_tracking_size"),
             _case("block_size -1 or 3.0 raises ValueError", _tiled_bad(-1, 3.0), _judge_value_errors, probe="call_each"),
+            # whatever library computes the scores (numpy too): the peak memory of the call, measured from outside
+            Case("seq 4096, the full score matrix would take 128 MB", _tiled_inputs((1, 2), 4096, 4096, 64, 128),
+                 "call", _judge_tiled, memory=(TILED_PEAK_BYTES, TILED_PEAK_HINT)),
         ),
         forbidden=("*scaled_dot_product*", "*softmax*", "softmin", "logsumexp"),
     ),

@@ -22,7 +22,9 @@ Which exercises exist and what they are worth is not said here but in
 
 from __future__ import annotations
 
+import builtins
 import copy
+import dataclasses
 import functools
 import hashlib
 import importlib
@@ -36,11 +38,16 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from autograder import status, wire
+from autograder import protocol, status, wire
 
 
 class CheckFailed(AssertionError):
-    """A check failed; the message is the hint shown to the learner."""
+    """A check failed; the message is the hint shown to the learner. ``learners``: the parts of the message the
+    learner's code wrote (quoted from its outputs or its exception), which a hidden case's reason leaves out."""
+
+    def __init__(self, message: str = "", learners: Iterable[str] = ()):
+        super().__init__(message)
+        self.learners = tuple(learners)
 
     def _render_traceback_(self) -> list[str]:
         # IPython shows these lines instead of a traceback; nbgrader still records the cell as failed.
@@ -57,6 +64,9 @@ class Case:
     inputs: Callable[[torch.Generator], dict[str, Any]]
     probe: str  # a function name in autograder.checks.probes
     judge: Callable[[dict[str, Any], dict[str, Any]], None]
+    # A bound on memory, whatever library the code uses: (bytes the call may add to the process's peak resident
+    # memory, the hint when it adds more), measured from outside the learner's code (see peak_growth).
+    memory: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -88,11 +98,13 @@ class Verdict:
 
 
 class ProbeError(Exception):
-    """The probe gave no outputs: the learner's code raised, or was stopped. ``status`` says which."""
+    """The probe gave no outputs: the learner's code raised, or was stopped. ``status`` says which;
+    ``learners`` is the part of the message the learner's code wrote (an exception's type and message)."""
 
-    def __init__(self, status_: str, message: str):
+    def __init__(self, status_: str, message: str, learners: str = ""):
         super().__init__(message)
         self.status = status_
+        self.learners = learners
 
 
 @dataclass(frozen=True)
@@ -100,17 +112,49 @@ class ProbeResult:
     outputs: dict[str, Any]
     inputs_after: Any  # the inputs as they were after the call
     violation: str | None = None
+    peak: int | None = None  # bytes the call added to the process's peak resident memory (a memory case), if known
+
+
+# --- peak memory, measured from outside the code that runs ------------------------------
+
+
+def peak_reset(pid: int | str = "self") -> int | None:
+    """Reset the peak resident memory of process ``pid`` (Linux: ``clear_refs``) and return its resident memory
+    now, in bytes; None where that cannot be done."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return _status_kb(pid, "VmRSS") * 1024
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def peak_growth(pid: int | str, before: int | None) -> int | None:
+    """How far the peak resident memory of ``pid`` rose above ``before`` (from :func:`peak_reset`), in bytes."""
+    if before is None:
+        return None
+    try:
+        return max(0, _status_kb(pid, "VmHWM") * 1024 - before)
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def _status_kb(pid: int | str, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise ValueError(field)
 
 
 Probe = Callable[[Case, dict[str, Any]], ProbeResult]
 
 NOT_DONE = "not done yet: replace `raise NotImplementedError()` with your code"
-_KIND_STATUS = {"not_implemented": status.MISSING, "memory": status.MEMORY, "raised": status.ERROR,
-                "unsendable": status.ERROR, "missing": status.MISSING}
 
 
-def fail(message: str) -> None:
-    raise CheckFailed(message)
+def fail(message: str, *learners: str) -> None:
+    """Fail with ``message``; ``learners`` are the parts of it the learner's code wrote (see :class:`CheckFailed`)."""
+    raise CheckFailed(message, learners)
 
 
 def expect_close(actual: Any, expected: torch.Tensor, hint: str, *, atol: float = 1e-5, rtol: float = 1e-4) -> None:
@@ -169,10 +213,12 @@ def expect_value_error(error: dict[str, str] | None, argument: str, what: str, *
     if error is None:
         fail(f"{what}, but your code returned a result: raise ValueError naming {argument} instead of going on")
     if error["type"] != "ValueError":
-        fail(f"{what}: raise a ValueError (you raised {error['type']}: {error['message']})")
+        fail(f"{what}: raise a ValueError (you raised {error['type']}: {error['message']})",
+             f"{error['type']}: {error['message']}")
     named = re.search(rf"\b{re.escape(argument)}\b", error["message"]) if word else argument in error["message"]
     if not named:
-        fail(f"{what}: your ValueError should name {argument} and say what to change; it said {error['message']!r}")
+        fail(f"{what}: your ValueError should name {argument} and say what to change; it said {error['message']!r}",
+             repr(error["message"]))
 
 
 # --- the reference, or its recording in a student edition ------------------------
@@ -340,28 +386,28 @@ def recording(checks: Iterable[str], answers: Callable[[str], Any]) -> dict[str,
 
 def result_from_answer(answer: Any) -> ProbeResult:
     """Read :func:`probes.execute`'s answer strictly; ProbeError when the probe gave no outputs."""
-    if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
+    if not isinstance(answer, dict) or not isinstance(answer.get(protocol.OK), bool):
         raise ProbeError(status.ERROR, "the kernel sent an answer the grader cannot read")
-    violation = answer.get("violation")
+    violation = answer.get(protocol.VIOLATION)
     violation = violation if isinstance(violation, str) and violation else None
     if violation:
         raise ProbeError(status.FLAGGED, f"not accepted: your code {violation}")
-    if not answer["ok"]:
-        kind = answer.get("kind")
-        error = answer.get("error") if isinstance(answer.get("error"), str) else ""
-        found = _KIND_STATUS.get(kind, status.ERROR) if isinstance(kind, str) else status.ERROR
-        if kind == "not_implemented":
+    if not answer[protocol.OK]:
+        kind = protocol.failed(answer.get(protocol.KIND))
+        error = answer.get(protocol.ERROR) if isinstance(answer.get(protocol.ERROR), str) else ""
+        found = protocol.FAILED_STATUS.get(kind, status.ERROR)
+        if kind == protocol.Failed.NOT_IMPLEMENTED:
             raise ProbeError(found, NOT_DONE)
-        if kind == "missing":
+        if kind == protocol.Failed.MISSING:
             raise ProbeError(found, error or "not defined: run the cell that defines it")
-        if kind == "memory":
+        if kind == protocol.Failed.MEMORY:
             raise ProbeError(found, "ran out of memory")
-        if kind == "unsendable":
-            raise ProbeError(found, f"your output cannot be checked: {error}")
-        raise ProbeError(found, f"your code raised {error}")
+        if kind == protocol.Failed.UNSENDABLE:
+            raise ProbeError(found, f"your output cannot be checked: {error}", learners=error)
+        raise ProbeError(found, f"your code raised {error}", learners=error)
     try:
-        outputs = wire.decode_value(answer.get("outputs"))
-        inputs_after = wire.decode_value(answer.get("inputs_after"))
+        outputs = wire.decode_value(answer.get(protocol.OUTPUTS))
+        inputs_after = wire.decode_value(answer.get(protocol.INPUTS_AFTER))
     except wire.ProtocolError as err:
         raise ProbeError(status.ERROR, f"unreadable outputs ({err})") from None
     if not isinstance(outputs, dict):
@@ -374,7 +420,10 @@ def local_probe(obj: Any, forbidden: tuple[str, ...] = (), answer_files: tuple[s
     from autograder.checks import probes
 
     def call(case: Case, inputs: dict[str, Any]) -> ProbeResult:
-        return result_from_answer(probes.execute(obj, case.probe, wire.encode_value(inputs), forbidden, answer_files))
+        encoded = wire.encode_value(inputs)
+        before = peak_reset() if case.memory else None
+        answer = probes.execute(obj, case.probe, encoded, forbidden, answer_files)
+        return dataclasses.replace(result_from_answer(answer), peak=peak_growth("self", before))
 
     return call
 
@@ -444,25 +493,56 @@ def _argument_name(path: str) -> str:
 
 def judge_check(check: Check, probe: Probe, seeds: Callable[[Case], Iterable[int]], *,
                 level: str = "visible") -> Verdict:
-    """Run every case of ``check`` (at ``level``) for every seed ``seeds(case)`` gives; the first failure decides."""
+    """Run every case of ``check`` (at ``level``) for every seed ``seeds(case)`` gives; the first failure decides.
+
+    A failure on a hidden case is said without anything that could carry the case out (see :func:`hidden_reason`).
+    """
     for case in check.cases(level):
+        hidden = any(case is h for h in check.hidden)
         for seed in seeds(case):
             inputs = case.inputs(torch.Generator().manual_seed(seed))
             try:
                 result = probe(case, inputs)
             except ProbeError as err:
-                return Verdict(err.status, f"{case.name}: {err}")
+                return _verdict(err.status, case, str(err), hidden, err.learners)
             changed = changed_inputs(inputs, result.inputs_after)
             if changed:
-                return Verdict(status.FAILED, f"{case.name}: {changed_message(changed)}")
+                return _verdict(status.FAILED, case, changed_message(changed), hidden)
+            if case.memory is not None and result.peak is not None and result.peak > case.memory[0]:
+                return _verdict(status.FAILED, case, f"{case.memory[1]} (your code held {result.peak / 2**20:.0f} MB "
+                                f"more at its peak; the bound is {case.memory[0] / 2**20:.0f} MB)", hidden)
             try:
                 case.judge(inputs, result.outputs)
             except CheckFailed as err:
-                return Verdict(status.FAILED, f"{case.name}: {err}")
+                return _verdict(status.FAILED, case, str(err), hidden, *getattr(err, "learners", ()))
             except Exception as err:  # noqa: BLE001 — outputs the judge cannot read are a wrong answer
-                return Verdict(status.FAILED,
-                               f"{case.name}: your output could not be checked ({type(err).__name__}: {err})"[:400])
+                return _verdict(status.FAILED, case, f"your output could not be checked ({type(err).__name__}: {err})",
+                                hidden, str(err))
     return Verdict(status.PASSED)
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_BUILTIN_EXCEPTIONS = frozenset(name for name, value in vars(builtins).items()
+                                if isinstance(value, type) and issubclass(value, BaseException))
+
+
+def hidden_reason(case_name: str, message: str, learners: Iterable[str] = ()) -> str:
+    """The reason of a failure on a hidden case: the case and the mistake, never a value from it.
+
+    A hidden case's inputs must not reach the learner's feedback, and the learner's code could write them
+    into anything it controls: so the text the learner's code wrote (an exception's message, a quoted value)
+    is cut out, an exception is named only by a built-in class name, and every number becomes ``…``.
+    """
+    for text in sorted((t for t in learners if t), key=len, reverse=True):
+        kind = text.split(":", 1)[0].strip()
+        message = message.replace(text, kind if kind in _BUILTIN_EXCEPTIONS else "an exception")
+    return f"{case_name} (a hidden case): " + _NUMBER.sub("…", message)
+
+
+def _verdict(status_: str, case: Case, message: str, hidden: bool, *learners: str) -> Verdict:
+    if hidden:
+        return Verdict(status_, hidden_reason(case.name, message, learners))
+    return Verdict(status_, f"{case.name}: {message}"[:400] if learners else f"{case.name}: {message}")
 
 
 def notebook_seeds(level: str, seed: int) -> Callable[[Case], list[int]]:

@@ -9,30 +9,35 @@ calls the learner's object, :class:`Guard` watches
   a function named ``softmax``/``_softmax``, however they were reached or renamed), and
   at the operator level (a ``TorchDispatchMode``: ``aten::_softmax``), against the
   exercise's forbidden names (``fnmatch`` patterns, e.g. ``"*softmax*"``);
-* every Python call (a profile hook, ``sys.setprofile``): a call into the source files of the
-  chapter's answer modules; a forbidden function of another library, named by its dotted
-  name (``torchvision.models.vision_transformer.interpolate_embeddings``); a call of one of
-  PyTorch's C functions with a forbidden name, which the modes would not see if they were
-  switched off;
+* every Python call (a profile hook): a call into the source files of the chapter's answer
+  modules; a forbidden function of another library, named by its dotted name
+  (``torchvision.models.vision_transformer.interpolate_embeddings``); a Python function of
+  PyTorch's own package with a forbidden name (its pure-Python reference implementations and
+  decompositions, ``torch._refs.softmax``, compute what the C function computes); a call of one of
+  PyTorch's C functions with a forbidden name, which the modes would not see if they were switched
+  off; a TorchScript function (it runs its operators where nothing can watch them);
 * that it stays in place: its modes on PyTorch's mode stacks and PyTorch's function modes not
-  disabled (``torch._C.DisableTorchFunction``, ``_disable_current_modes()``, popping a mode)
-  at every Python call while the check runs, and no call of the switches that turn it off
-  (``sys.setprofile``, popping a mode stack) or of what starts a thread or a process, where
-  it cannot see.
+  disabled at every call of the learner's code while the check runs (the autograd engine runs a
+  ``backward`` with the modes off: that is PyTorch's doing, not the learner's), and no call of the
+  switches that turn it off, of what starts a thread or a process, or of ``signal.signal``.
 
-A violation is recorded (so catching the exception does not hide it) and raised as
-:class:`Forbidden` where the guard can raise (in its modes). The same guard runs in the
-notebook, under ``nbgrader autograde`` and in the batch grader's kernel, so all three give the
-same verdict. It runs in the learner's own process: code that digs into that process (its
-memory, the interpreter's objects) could still get around it, which is why the static pass
-(:mod:`autograder.checks.honesty`) also forbids these switches by name.
+A violation is recorded at once (so catching the exception does not hide it), handed to ``report``
+when one is given, and raised as :class:`Forbidden` where the guard can raise (in its modes).
+
+The same guard runs in the notebook, under ``nbgrader autograde`` and in the batch grader's kernel,
+so all three give the same verdict on an honest answer. In the notebook it runs in the learner's own
+interpreter, which the learner's code can change at will. The grader's kernel is locked down first
+(:mod:`autograder.lockdown`): there the guard's state lives only in the default arguments of its own
+functions, which the learner's code cannot read or replace, each violation is written at once to a
+channel the verdict side reads, and what could switch the guard off or hide a call from it is refused.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
+import signal
 import sys
+import threading
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -40,6 +45,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 OFF = "switches off the checks' watch on what your code calls, which is not allowed while it is checked"
 AWAY = "starts a thread or a process while it is checked, where the check cannot see what it calls"
+TORCHSCRIPT = "runs TorchScript (torch.jit), whose calls the check cannot see; write it in Python"
+SIGNAL = "installs a signal handler while it is checked, which could run code the check cannot see"
 
 
 def _c_functions(*dotted: str) -> frozenset:
@@ -58,196 +65,301 @@ def _c_functions(*dotted: str) -> frozenset:
     return frozenset(found)
 
 
-_SWITCHES = _c_functions("sys.setprofile", "torch._C._pop_torch_function_stack", "torch._C._pop_torch_dispatch_stack",
-                         "torch._C._set_torch_function_state", "torch._C._unset_dispatch_mode",
-                         "torch._C._dispatch_tls_set_dispatch_key_excluded")
+_SWITCHES = _c_functions("sys.setprofile", "sys.settrace", "torch._C._pop_torch_function_stack",
+                         "torch._C._pop_torch_dispatch_stack", "torch._C._set_torch_function_state",
+                         "torch._C._unset_dispatch_mode", "torch._C._dispatch_tls_set_dispatch_key_excluded",
+                         "threading.settrace", "threading.setprofile")
 _ELSEWHERE = _c_functions("_thread.start_new_thread", "posix.fork", "posix.forkpty", "posix.posix_spawn",
                           "posix.posix_spawnp", "posix.system", "_posixsubprocess.fork_exec")
+_SIGNALS = _c_functions("_signal.signal", "_signal.setitimer", "_signal.set_wakeup_fd")
+_SCRIPTED = tuple(t for t in (getattr(torch._C, "ScriptFunction", None), getattr(torch._C, "ScriptMethod", None))
+                  if isinstance(t, type))
 _PYTHON_KEY = torch._C.DispatchKey.Python
-# Python's own files, the installed libraries and this package: code the learner did not write.
-_LIBRARY_DIRS = tuple(dict.fromkeys(os.path.realpath(p) + os.sep for p in (
+_TORCH_DIRS = tuple(dict.fromkeys(os.path.dirname(p) + os.sep for p in (torch.__file__, os.path.realpath(torch.__file__))))
+# Python's own files, the installed libraries and this package (as written and as resolved): code the learner
+# did not write.
+_LIBRARY_DIRS = tuple(dict.fromkeys(f(p) + os.sep for p in (
     sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) for f in (os.path.abspath, os.path.realpath)))
+_BACKWARD_APPLY = torch.autograd.function.BackwardCFunction.apply.__code__
 
 
 class Forbidden(Exception):
     """The learner's code called what the exercise asks it to write."""
 
 
-class _FunctionLevel(TorchFunctionMode):
-    def __init__(self, guard: "Guard") -> None:
-        super().__init__()
-        self.guard = guard
+def _is_torch(function, _getattr=getattr, _type=type, _issubclass=issubclass, _isinstance=isinstance, _str=str,
+              _Tensor=torch.Tensor, _TensorBase=torch._C.TensorBase) -> bool:
+    """Whether a C function (``torch.softmax``, ``Tensor.softmax`` bound or not) is PyTorch's (by types and C
+    attributes only: nothing here can run code of the learner's)."""
+    owner = _getattr(function, "__self__", None)
+    if _issubclass(_type(owner), _Tensor) or _getattr(function, "__objclass__", None) is _TensorBase:
+        return True
+    module = _getattr(function, "__module__", None)
+    if not _isinstance(module, _str) and _type(owner).__name__ == "module":
+        module = _getattr(owner, "__name__", None)
+    return _isinstance(module, _str) and (module == "torch" or module.startswith("torch."))
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.guard.inside_functions += 1  # PyTorch takes this mode off its stack while it handles a call
+
+def glob_match(name: str, pattern: str, _len=len, _range=range, _all=all, _zip=zip) -> bool:
+    """``fnmatch.fnmatchcase`` for the patterns of ``forbidden`` (``*`` and ``?``; no brackets), made of str
+    methods only."""
+    parts = pattern.split("*")
+    if _len(parts) == 1:
+        return _len(name) == _len(pattern) and _all(p == "?" or p == c for p, c in _zip(pattern, name))
+
+    def at(text, piece, start):
+        """The first index >= start where ``piece`` (with ``?``) matches ``text``, or -1."""
+        for i in _range(start, _len(text) - _len(piece) + 1):
+            if _all(p == "?" or p == c for p, c in _zip(piece, text[i:i + _len(piece)])):
+                return i
+        return -1
+
+    first, last = parts[0], parts[-1]
+    if _len(name) < _len(first) + _len(last) or at(name[: _len(first)], first, 0) != 0:
+        return False
+    if last and at(name[_len(name) - _len(last):], last, 0) != 0:
+        return False
+    position, end = _len(first), _len(name) - _len(last)
+    for piece in parts[1:-1]:
+        found = at(name[:end], piece, position)
+        if found < 0:
+            return False
+        position = found + _len(piece)
+    return True
+
+
+# The watch now running (one at a time): (its state, its check of a PyTorch name). The modes read it from their
+# default arguments, which the learner's code cannot reach in the locked-down kernel.
+_CURRENT: list = [None]
+
+
+class _FunctionLevel(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None, *, _current=_CURRENT, _getattr=getattr):
+        state, check = _current[0]
+        state["inside_functions"] += 1  # PyTorch takes this mode off its stack while it handles a call
         try:
-            self.guard.check_torch(getattr(func, "__name__", ""))
+            check(_getattr(func, "__name__", ""))
             return func(*args, **(kwargs or {}))
         finally:
-            self.guard.inside_functions -= 1
+            state["inside_functions"] -= 1
 
 
 class _OperatorLevel(TorchDispatchMode):
-    def __init__(self, guard: "Guard") -> None:
-        super().__init__()
-        self.guard = guard
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.guard.inside_operators += 1
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None, *, _current=_CURRENT):
+        state, check = _current[0]
+        state["inside_operators"] += 1
         try:
-            self.guard.check_torch(func._overloadpacket.__name__)
+            check(func._overloadpacket.__name__)
             return func(*args, **(kwargs or {}))
         finally:
-            self.guard.inside_operators -= 1
+            state["inside_operators"] -= 1
 
 
-_HANDLERS = frozenset((_FunctionLevel.__torch_function__.__code__, _OperatorLevel.__torch_dispatch__.__code__))
+_CLASSES = (_FunctionLevel, _OperatorLevel)
+_HANDLER_FUNCTIONS = (_FunctionLevel.__dict__["__torch_function__"], _OperatorLevel.__dict__["__torch_dispatch__"])
+_HANDLERS = frozenset(h.__code__ for h in _HANDLER_FUNCTIONS)
+_C_FUNCTIONS = (torch._C._is_torch_function_all_disabled, torch._C._len_torch_function_stack,
+                torch._C._get_function_stack_at, torch._C._len_torch_dispatch_stack, torch._C._get_dispatch_stack_at,
+                torch._C._dispatch_tls_is_dispatch_key_excluded)
 
 
-def _is_torch(function) -> bool:
-    """Whether a C function (``torch.softmax``, ``Tensor.softmax`` bound or not) is PyTorch's."""
-    owner = getattr(function, "__self__", None)
-    if isinstance(owner, torch.Tensor) or getattr(function, "__objclass__", None) is torch._C.TensorBase:
-        return True
-    module = getattr(function, "__module__", None) or getattr(owner, "__name__", None) or ""
-    return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
+def _watch(forbidden: tuple[str, ...], answer_files: tuple[str, ...], report, _tuple=tuple, _frozenset=frozenset,
+           _dict=dict, _match=glob_match):
+    """The guard's functions for one check: its state, its profile hook and its check of a PyTorch name.
 
-
-class Guard:
-    """``with Guard(forbidden, answer_files) as guard: ...``; then ``guard.violation`` (None if clean).
-
-    ``forbidden``: fnmatch patterns of PyTorch functions, and dotted names of other libraries'
-    functions (``torchvision.models.vision_transformer.interpolate_embeddings``).
+    Everything they use is bound in their default arguments when they are made (the C functions and the builtins
+    they call), never looked up in a module or an object the learner's code could change, and they call no
+    Python function but their own: a profile hook's own calls are not watched, so none may reach the learner's
+    code. The verdict (the first violation) is in ``state``, which only they write.
     """
+    patterns = _tuple(p for p in forbidden if "." not in p)
+    dotted: dict[str, tuple[str, ...]] = {}
+    for name in (p for p in forbidden if "." in p):
+        module, _, function = name.rpartition(".")
+        dotted[function] = dotted.get(function, ()) + (module,)
+    answers = _frozenset(answer_files)  # as the registry gives them: real paths
+    state = _dict(violation=None, inside_functions=0, inside_operators=0, depths=(0, 0), modes=(), backward=0,
+                  watching=False, c_calls=[])  # c_calls: the frames now inside a C function they called
+    names: dict[str, bool] = {}  # function name -> forbidden?
+    learner_files: dict[str, bool] = {}
 
-    def __init__(self, forbidden: tuple[str, ...] = (), answer_files: tuple[str, ...] = ()) -> None:
-        self.forbidden = tuple(p for p in forbidden if "." not in p)
-        self.functions: dict[str, list[str]] = {}  # function name -> the modules it is forbidden from
-        for dotted in (p for p in forbidden if "." in p):
-            module, _, name = dotted.rpartition(".")
-            self.functions.setdefault(name, []).append(module)
-        self.answer_files = frozenset(os.path.realpath(f) for f in answer_files)
-        self.violation: str | None = None
-        self.inside_functions = 0  # > 0 while the function-level mode handles a call (it is then off its stack)
-        self.inside_operators = 0  # the same for the operator-level mode
-        self._seen_files: dict[str, bool] = {}
-        self._learner_files: dict[str, bool] = {}
-        self._c_names: dict[str, bool] = {}
-        self._modes: list = []
-        self._depths: tuple[int, int] = (0, 0)
-        self._watching = False
-        self._previous_profile = None
+    def note(message, _state=state, _report=report):
+        if _state["violation"] is None:
+            _state["violation"] = message
+            if _report is not None:
+                _report(message)
 
-    def check_torch(self, name: str) -> None:
-        if self._forbidden_name(name):
-            self._record(f"calls torch's `{name}`, which this exercise asks you to write yourself")
-
-    def _forbidden_name(self, name: str) -> bool:
-        hit = self._c_names.get(name)
+    def forbidden_name(name, _names=names, _patterns=patterns, _match=_match, _isinstance=isinstance, _str=str):
+        hit = _names.get(name)
         if hit is None:
-            hit = self._c_names[name] = any(fnmatch.fnmatchcase(name, p) for p in self.forbidden)
+            hit = False
+            if _isinstance(name, _str):
+                for pattern in _patterns:
+                    if _match(name, pattern):
+                        hit = True
+                        break
+            _names[name] = hit
         return hit
 
-    def _note(self, message: str) -> None:
-        if self.violation is None:
-            self.violation = message
+    def check_torch(name, _forbidden=forbidden_name, _note=note, _Forbidden=Forbidden):
+        if _forbidden(name):
+            message = f"calls torch's `{name}`, which this exercise asks you to write yourself"
+            _note(message)
+            raise _Forbidden(message)
 
-    def _record(self, message: str) -> None:
-        self._note(message)
-        raise Forbidden(message)
-
-    def _in_place(self) -> bool:
-        """Whether the guard's modes are still on PyTorch's stacks and PyTorch lets them see the calls
-        (each is off its stack while it handles a call: then only the other one is looked at)."""
-        if not self._modes:
+    def in_place(_state=state, _functions=_C_FUNCTIONS, _key=_PYTHON_KEY, _classes=_CLASSES,
+                 _handlers=_HANDLER_FUNCTIONS, _type=type):
+        """Whether the modes are still on PyTorch's stacks, unchanged, and PyTorch lets them see the calls (each is
+        off its stack while it handles a call: then only the other one is looked at)."""
+        modes = _state["modes"]
+        if not modes:
             return True
-        functions, operators = self._depths
-        if self.inside_functions == 0 and (torch._C._is_torch_function_all_disabled()
-                                           or torch._C._len_torch_function_stack() < functions
-                                           or torch._C._get_function_stack_at(functions - 1) is not self._modes[0]):
+        if (_classes[0].__dict__.get("__torch_function__") is not _handlers[0]
+                or _classes[1].__dict__.get("__torch_dispatch__") is not _handlers[1]
+                or _type(modes[0]) is not _classes[0] or _type(modes[1]) is not _classes[1]):
+            return False  # a handler replaced
+        all_disabled, function_depth, function_at, dispatch_depth, dispatch_at, excluded = _functions
+        functions, operators = _state["depths"]
+        if _state["inside_functions"] == 0 and (all_disabled() or function_depth() < functions
+                                                or function_at(functions - 1) is not modes[0]):
             return False
-        return self.inside_operators > 0 or (torch._C._len_torch_dispatch_stack() >= operators
-                                             and torch._C._get_dispatch_stack_at(operators - 1) is self._modes[1]
-                                             and not torch._C._dispatch_tls_is_dispatch_key_excluded(_PYTHON_KEY))
+        return _state["inside_operators"] > 0 or (dispatch_depth() >= operators
+                                                  and dispatch_at(operators - 1) is modes[1] and not excluded(_key))
 
-    def _learners(self, frame) -> bool:
-        """Whether ``frame`` runs the learner's code: not Python's, an installed library's (PyTorch takes its
-        modes off their stacks for a moment in places, e.g. to call a mode's handler) or ours. Code made
-        from a string (``exec``, ``<string>``) is the learner's when the code that made it is."""
-        for _ in range(64):
+    def learners(frame, _cache=learner_files, _dirs=_LIBRARY_DIRS, _range=range):
+        """Whether ``frame`` runs the learner's code: not Python's, an installed library's or ours (by its file,
+        as written: a path that climbs out of a folder is the learner's). Code made from a string (``exec``,
+        ``<string>``) is the learner's when the code that made it is."""
+        for _ in _range(64):
             filename = frame.f_code.co_filename
             if not filename.startswith("<") or filename.startswith("<ipython-input-"):
                 break
             if filename.startswith("<frozen ") or frame.f_back is None:
                 return False
             frame = frame.f_back
-        known = self._learner_files.get(filename)
+        known = _cache.get(filename)
         if known is None:
-            known = self._learner_files[filename] = not os.path.realpath(filename).startswith(_LIBRARY_DIRS)
+            known = _cache[filename] = not filename.startswith(_dirs) or "/../" in filename or "/./" in filename
         return known
 
-    def _profile(self, frame, event, arg) -> None:
-        if (event != "c_call" and event != "call") or not self._watching:
-            return  # a call is where the guard could be found off, and where a forbidden function starts
-        try:
-            if event == "c_call":
-                if self._learners(frame) and (arg in _SWITCHES or not self._in_place()):
-                    self._note(OFF)
-                self._c_call(arg)
-                return
-            if (frame.f_code not in _HANDLERS and not self._in_place()
-                    and (self._learners(frame) or (frame.f_back is not None and self._learners(frame.f_back)))):
-                self._note(OFF)  # the learner's code runs, or calls, with the guard off
-            self._python_call(frame)
-        except Exception:  # noqa: BLE001 — an error here would unset the hook: the watch would be off
-            self._note(OFF)
-
-    def _c_call(self, function) -> None:
-        if function in _ELSEWHERE:
-            self._note(AWAY)
-        elif self.forbidden:
-            name = getattr(function, "__name__", "")
-            if isinstance(name, str) and self._forbidden_name(name) and _is_torch(function):
-                self._note(f"calls torch's `{name}`, which this exercise asks you to write yourself")
-
-    def _python_call(self, frame) -> None:
-        code = frame.f_code
-        for module in self.functions.get(code.co_name, ()):
-            # its module's function, or a copy of its code (same file) under other globals
-            if (dict.get(frame.f_globals, "__name__") == module
-                    or code.co_filename.endswith(os.sep + module.replace(".", os.sep) + ".py")):
-                self._note(f"calls {module}.{code.co_name}, which this exercise asks you to write yourself")
-        if not self.answer_files:
+    def profile(frame, event, arg, _state=state, _note=note, _learners=learners, _in_place=in_place,
+                _forbidden=forbidden_name, _is_torch=_is_torch, _dotted=dotted, _answers=answers,
+                _dict_get=dict.get, _sep=os.sep, _switches=_SWITCHES, _elsewhere=_ELSEWHERE, _signals=_SIGNALS,
+                _scripted=_SCRIPTED, _isinstance=isinstance, _getattr=getattr, _str=str, _Exception=Exception,
+                _torch_dir=_TORCH_DIRS, _backward=_BACKWARD_APPLY, _handlers=_HANDLERS):
+        if not _state["watching"]:
             return
-        filename = code.co_filename
-        hit = self._seen_files.get(filename)
-        if hit is None:
-            hit = self._seen_files[filename] = os.path.realpath(filename) in self.answer_files
-        if hit:
-            module = os.path.splitext(os.path.basename(filename))[0]
-            self._note(f"calls the library's answer (solutions.{module}.{code.co_name}) "
-                       "instead of solving the exercise")
+        try:
+            if event == "c_return" or event == "c_exception":
+                c_calls = _state["c_calls"]
+                if c_calls and c_calls[-1] is frame:
+                    c_calls.pop()
+                return
+            if event == "return":
+                if frame.f_code is _backward:
+                    _state["backward"] -= 1
+                return
+            if event == "c_call":
+                _state["c_calls"].append(frame)
+                if _learners(frame) and (arg in _switches or not (_state["backward"] or _in_place())):
+                    _note(OFF)
+                if arg in _elsewhere:
+                    _note(AWAY)
+                elif arg in _signals:
+                    _note(SIGNAL)
+                elif _scripted and _isinstance(arg, _scripted):
+                    _note(TORCHSCRIPT)
+                else:
+                    name = _getattr(arg, "__name__", "")
+                    if _isinstance(name, _str) and _forbidden(name) and _is_torch(arg):
+                        _note(f"calls torch's `{name}`, which this exercise asks you to write yourself")
+                return
+            if event != "call":
+                return
+            code = frame.f_code
+            if code is _backward:
+                _state["backward"] += 1  # the autograd engine runs a backward with PyTorch's modes off
+                return
+            caller = frame.f_back
+            c_calls = _state["c_calls"]
+            called_from_c = c_calls and c_calls[-1] is caller  # PyTorch calling back into Python while it dispatches
+            if (not _state["backward"] and code not in _handlers and not _in_place()
+                    and (_learners(frame) or (caller is not None and not called_from_c and _learners(caller)))):
+                _note(OFF)  # the learner's code runs, or calls a library's, with the guard off
+            filename = code.co_filename
+            for module in _dotted.get(code.co_name, ()):
+                # its module's function, or a copy of its code (same file) under other globals
+                if (_dict_get(frame.f_globals, "__name__") == module
+                        or filename.endswith(_sep + module.replace(".", _sep) + ".py")):
+                    _note(f"calls {module}.{code.co_name}, which this exercise asks you to write yourself")
+            if filename.startswith(_torch_dir) and _forbidden(code.co_name):
+                # PyTorch's pure-Python implementations (torch._refs, torch._decomp) compute what its C functions do
+                _note(f"calls torch's `{code.co_name}` ({filename.rpartition(_sep + 'torch' + _sep)[2]}), which this "
+                      "exercise asks you to write yourself")
+            if filename in _answers:
+                module = filename.rpartition(_sep)[2].rpartition(".")[0]
+                _note(f"calls the library's answer (solutions.{module}.{code.co_name}) instead of solving the "
+                      "exercise")
+        except _Exception:  # noqa: BLE001 — an error here would unset the hook: the watch would be off
+            _note(OFF)
 
-    def __enter__(self) -> "Guard":
-        if self.forbidden:
-            self._modes = [_FunctionLevel(self), _OperatorLevel(self)]
-            for mode in self._modes:
-                mode.__enter__()
-            self._depths = (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack())
-        if self.forbidden or self.functions or self.answer_files:
-            self._previous_profile = sys.getprofile()
-            self._watching = True
-            sys.setprofile(self._profile)
-        return self
+    return state, profile, check_torch
 
-    def __exit__(self, *exc) -> None:
-        if self._watching:
-            self._watching = False
-            sys.setprofile(self._previous_profile)
-        for mode in reversed(self._modes):
+
+def watched(function, args, forbidden: tuple[str, ...] = (), answer_files: tuple[str, ...] = (), report=None,
+            _current=_CURRENT, _watch=_watch, _getprofile=sys.getprofile, _setprofile=sys.setprofile,
+            _functions=_C_FUNCTIONS, _classes=_CLASSES, _Forbidden=Forbidden, _BaseException=BaseException,
+            _Exception=Exception, _reversed=reversed):
+    """``function(*args)`` under the guard: ``(its result, None, violation)``, or ``(None, the exception it raised,
+    violation)``; the violation is None when clean. ``report`` gets each violation as soon as it is seen.
+
+    One watch at a time: a call made while one runs (by the learner's code) is refused.
+    """
+    if _current[0] is not None:
+        raise _Forbidden(OFF)
+    state, profile, check = _watch(forbidden, answer_files, report)
+    modes = ()
+    if any("." not in p for p in forbidden):
+        modes = (_classes[0](), _classes[1]())
+    previous = _getprofile()
+    result, error = None, None
+    _current[0] = (state, check)
+    try:
+        for mode in modes:
+            mode.__enter__()
+        state["modes"] = modes
+        if modes:
+            state["depths"] = (_functions[1](), _functions[3]())
+        if forbidden or answer_files:
+            state["watching"] = True
+            _setprofile(profile)
+        try:
+            result = function(*args)
+        except _BaseException as err:  # noqa: BLE001 — handed to the caller, which sorts it
+            error = err
+        finally:
+            state["watching"] = False
+            _setprofile(previous)
+    finally:
+        for mode in _reversed(modes):
             try:
                 mode.__exit__(None, None, None)
-            except Exception:  # noqa: BLE001 — the learner's code may have popped the mode already
+            except _Exception:  # noqa: BLE001 — the learner's code may have popped the mode already
                 pass
-        self._modes = []
+        _current[0] = None
+    return result, error, state["violation"]
+
+
+def other_threads() -> int:
+    """How many threads of this process run besides this one (the interpreter's and the operating system's view)."""
+    try:
+        tasks = len(os.listdir("/proc/self/task"))
+    except OSError:
+        tasks = 1
+    return max(threading.active_count(), tasks) - 1
+
+
+def signal_handlers() -> dict:
+    """The Python-level handler of every signal (for comparing before and after the learner's code)."""
+    return {s: signal.getsignal(s) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)}

@@ -7,63 +7,70 @@ Every probe has the signature ``probe(obj, inputs: dict) -> dict`` of plain data
 
 :func:`execute` is the one entry point, used both by the batch grader's kernel
 (:mod:`autograder.runner`) and in-process by the notebook checks: it decodes the
-inputs, calls the probe under the no-delegation :class:`~autograder.checks.guard.Guard`,
+inputs, calls the probe under the no-delegation guard (:func:`autograder.checks.guard.watched`),
 and answers with the encoded outputs and the inputs as they are *after* the call (so
 that the verdict side can see a function that changed its inputs in place).
 """
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
 
-from autograder import wire
-from autograder.checks.guard import Forbidden, Guard
+from autograder import limits, protocol, wire
+from autograder.checks import guard
+from autograder.protocol import Failed
 
 
 def execute(obj: Any, probe: str, inputs: str, forbidden: tuple[str, ...] = (),
-            answer_files: tuple[str, ...] = ()) -> dict:
+            answer_files: tuple[str, ...] = (), report=None) -> dict:
     """Run probe ``probe`` on ``obj`` with the encoded ``inputs``; the answer message (never raises).
 
     ``{"ok": True, "outputs": str, "inputs_after": str, "violation": str | None}`` or
-    ``{"ok": False, "kind": "not_implemented" | "memory" | "raised" | "unsendable",
-    "error": str, "violation": str | None}``. The kind is decided here by identity with
-    the real exception classes, never from a class name.
+    ``{"ok": False, "kind": <protocol.Failed>, "error": str, "violation": str | None}``. The kind is decided
+    here by identity with the real exception classes, never from a class name. The outputs are turned into
+    plain data and encoded while the guard still watches (a tensor subclass that computes its values when it
+    is read does so in sight of the guard). ``report`` gets each violation as soon as the guard sees it.
     """
     function = _PROBES.get(probe)
     if function is None:
-        return {"ok": False, "kind": "raised", "error": f"unknown probe {probe!r}", "violation": None}
-    guard = Guard(forbidden, answer_files)
-    try:
+        return _failed(Failed.RAISED, f"unknown probe {probe!r}", None)
+
+    def probed(obj, inputs):
+        # the inputs are decoded, and the outputs turned into plain data, in sight of the guard: no code of the
+        # learner's (a patched decoder, a tensor subclass) runs outside it
         args = wire.decode_value(inputs)
-        with guard:
-            outputs = function(obj, args)
-    except Forbidden:
-        return {"ok": False, "kind": "raised", "error": "", "violation": guard.violation}
-    except NotImplementedError:
-        return {"ok": False, "kind": "not_implemented", "error": "", "violation": guard.violation}
-    except MemoryError:
-        return {"ok": False, "kind": "memory", "error": "MemoryError", "violation": guard.violation}
-    except RecursionError as err:
-        return {"ok": False, "kind": "raised", "error": f"RecursionError: {str(err)[:300]}", "violation": guard.violation}
-    except RuntimeError as err:  # PyTorch's CPU allocator reports running out of memory as a RuntimeError
-        kind = "memory" if "DefaultCPUAllocator: can't allocate memory" in _message(err) else "raised"
-        return {"ok": False, "kind": kind, "error": f"{type(err).__name__}: {_message(err)}",
-                "violation": guard.violation}
-    except Exception as err:  # noqa: BLE001 — the learner's exception is reported to the verdict side
-        return {"ok": False, "kind": "raised", "error": f"{type(err).__name__}: {_message(err)}",
-                "violation": guard.violation}
-    try:
-        return {"ok": True, "outputs": wire.encode_value(outputs), "inputs_after": wire.encode_value(args),
-                "violation": guard.violation}
-    except (TypeError, ValueError, RecursionError) as err:
-        return {"ok": False, "kind": "unsendable", "error": str(err)[:300], "violation": guard.violation}
+        outputs = function(obj, args)
+        return wire.encode_value(outputs), wire.encode_value(args)
+
+    result, err, violation = guard.watched(probed, (obj, inputs), forbidden, answer_files, report)
+    if err is None:
+        return {protocol.OK: True, protocol.OUTPUTS: result[0], protocol.INPUTS_AFTER: result[1],
+                protocol.VIOLATION: violation}
+    if isinstance(err, guard.Forbidden):
+        return _failed(Failed.RAISED, "", violation or str(err))
+    if isinstance(err, NotImplementedError):
+        return _failed(Failed.NOT_IMPLEMENTED, "", violation)
+    if isinstance(err, MemoryError):
+        return _failed(Failed.MEMORY, "MemoryError", violation)
+    if isinstance(err, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in _message(err):
+        return _failed(Failed.MEMORY, f"{type(err).__name__}: {_message(err)}", violation)
+    if isinstance(err, wire.Unsendable):
+        return _failed(Failed.UNSENDABLE, _message(err), violation)
+    if isinstance(err, (KeyboardInterrupt, SystemExit)) or not isinstance(err, Exception):
+        return _failed(Failed.RAISED, f"{type(err).__name__}: {_message(err)}", violation)
+    return _failed(Failed.RAISED, f"{type(err).__name__}: {_message(err)}", violation)
+
+
+def _failed(kind: Failed, error: str, violation: str | None) -> dict:
+    return {protocol.OK: False, protocol.KIND: kind.value, protocol.ERROR: error, protocol.VIOLATION: violation}
 
 
 def _message(err: BaseException) -> str:
     try:
-        return str(err)[:300]
+        return str(err)[: limits.ERROR_CHARS]
     except Exception:  # noqa: BLE001 — a hostile __str__
         return "(no message)"
 
@@ -564,6 +571,6 @@ def generate_runs(obj: Any, inputs: dict) -> dict:
     return {"runs": runs}
 
 
-_PROBES = {name: value for name, value in dict(globals()).items()
-           if callable(value) and not name.startswith("_") and name not in ("execute", "Forbidden", "Guard", "Any")
-           and getattr(value, "__module__", None) == __name__}
+_PROBES = types.MappingProxyType({name: value for name, value in dict(globals()).items()
+                                  if isinstance(value, types.FunctionType) and not name.startswith("_")
+                                  and name != "execute" and value.__module__ == __name__})
