@@ -61,6 +61,20 @@ class PrivateSubmit(ExchangeSubmit):
     course's group can remove it), and learners are not in that group.
     """
 
+    def do_copy(self, src, dest, log=None):
+        inbound = os.path.join(self.inbound_path, "")
+        if not os.path.abspath(dest).startswith(inbound):  # the learner's own cache: as nbgrader does it
+            return super().do_copy(src, dest, log)
+        # copytree gives the folder it makes the mode of ``src``, which drops the set-group-ID bit it got from
+        # inbound: timestamp.txt and submission_secret.txt, written next, would then belong to the learner's
+        # group and stay unreadable to the course. So the top folder is made here and keeps the bit.
+        os.mkdir(dest)
+        staging = os.path.join(dest, ".copy")
+        super().do_copy(src, staging, log)
+        for name in os.listdir(staging):
+            os.rename(os.path.join(staging, name), os.path.join(dest, name))
+        os.rmdir(staging)
+
     def copy_files(self):
         super().copy_files()
         top = os.path.join(self.inbound_path, self.assignment_filename)
