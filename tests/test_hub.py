@@ -85,7 +85,7 @@ def test_hub_settings_say_what_to_run_when_the_course_or_edition_is_missing(tmp_
     assert course_hub.settings(env, new_course=True).course_id == ""
     (tmp_path / "edition" / ".student-edition.json").unlink()
     with pytest.raises(course_hub.HubError, match="autograder publish"):
-        course_hub.settings(env, new_course=True)
+        course_hub.view_command("learner", "nobody", course_hub.settings(env, new_course=True))
 
 
 def _binds(cmd: list[str]) -> dict[str, list[tuple[str, str]]]:
@@ -121,6 +121,113 @@ def test_course_view_has_the_repository_and_the_course_directory_read_write(tmp_
     assert ("/proc", "/proc") in binds["--bind"]  # autograder grade makes its own sandbox inside
     with pytest.raises(course_hub.HubError, match="never runs as root"):
         course_hub.view_command("learner", "root", cfg)
+
+
+# --- cheap: Kubernetes (Zero to JupyterHub values, the course's service) ----------------------------------
+
+K8S_HUB = HUB_DIR / "kubernetes"
+
+
+def _values() -> dict:
+    import yaml
+
+    return yaml.safe_load((K8S_HUB / "values.yaml").read_text())
+
+
+def _course_service() -> dict[str, dict]:
+    import yaml
+
+    return {f"{d['kind']}/{d['metadata']['name']}": d
+            for d in yaml.safe_load_all((K8S_HUB / "course-service.yaml").read_text())}
+
+
+def _helm_merge(defaults, values):
+    """Helm's merge of user values over a chart's: maps merge key by key, anything else replaces, null removes."""
+    if not isinstance(defaults, dict) or not isinstance(values, dict):
+        return values
+    merged = dict(defaults)
+    for key, value in values.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = _helm_merge(defaults.get(key), value)
+    return merged
+
+
+def _schema_errors(values: dict) -> list[str]:
+    """What helm would say of ``values`` over the chart's defaults, checked against the chart's values schema."""
+    import jsonschema
+    import yaml
+
+    schema = json.loads((K8S_HUB / "values.schema.json").read_text())
+    merged = _helm_merge(yaml.safe_load((K8S_HUB / "chart-values.yaml").read_text()), values)
+    validator = jsonschema.Draft7Validator(schema)
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(merged)]
+
+
+def test_z2jh_values_are_valid_against_the_charts_values_schema():
+    assert _schema_errors(_values()) == []
+
+
+def test_z2jh_values_schema_check_is_real():
+    """The schema rejects what helm would: a misspelt key, a wrong type."""
+    values = _values()
+    assert _schema_errors({**values, "singleuser": {**values["singleuser"], "storag": {}}})
+    assert _schema_errors({**values, "singleuser": {**values["singleuser"], "uid": "root"}})
+
+
+def test_z2jh_extra_config_gives_each_user_a_uid_and_instructors_the_course_image():
+    from types import SimpleNamespace
+
+    from traitlets.config import Config
+
+    c = Config()
+    exec(compile(_values()["hub"]["extraConfig"]["course"], "extraConfig.course", "exec"), {"c": c})
+    hook = c.KubeSpawner.pre_spawn_hook
+    spawners = {}
+    for uid, (name, groups) in enumerate([("ada", ["instructors"]), ("bo", []), ("cy", ["other"])], start=1):
+        user = SimpleNamespace(name=name, id=uid, groups=[SimpleNamespace(name=g) for g in groups])
+        spawners[name] = SimpleNamespace(user=user, image="student-edition", environment={})
+        hook(spawners[name])
+    assert len({s.environment["NB_UID"] for s in spawners.values()}) == 3
+    assert {n: s.environment["NB_USER"] for n, s in spawners.items()} == {"ada": "ada", "bo": "bo", "cy": "cy"}
+    assert spawners["ada"].image.endswith("/course:2031-03")
+    assert spawners["bo"].image == spawners["cy"].image == "student-edition"
+
+
+@pytest.mark.parametrize("version", ["1.30", "latest"])
+def test_course_service_manifests_are_valid_kubernetes(version):
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version() if version == "latest" else version
+    for name, doc in _course_service().items():
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{name} is not valid Kubernetes {version}: {err.message} at {list(err.path)}")
+
+
+def test_z2jh_values_and_the_course_service_agree():
+    import yaml
+
+    values, docs = _values(), _course_service()
+    (course_id,) = values["hub"]["services"]
+    service, deployment = docs[f"Service/{course_id}-formgrader"], docs[f"Deployment/{course_id}-formgrader"]
+    assert values["hub"]["services"][course_id]["url"] == f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+    pod = deployment["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["JUPYTERHUB_SERVICE_NAME"] == course_id == values["singleuser"]["extraEnv"]["TDD_COURSE_ID"]
+    assert env["JUPYTERHUB_CLIENT_ID"] == values["hub"]["services"][course_id]["oauth_client_id"]
+    assert f"access:services!service={course_id}" in values["hub"]["loadRoles"][f"instructors-of-{course_id}"]["scopes"]
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    learner_claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in values["singleuser"]["storage"]["extraVolumes"]}
+    learner_mounts = {m["name"]: m["mountPath"] for m in values["singleuser"]["storage"]["extraVolumeMounts"]}
+    assert claims["exchange"] == learner_claims["exchange"] == "nbgrader-exchange" in {d["metadata"]["name"] for d in docs.values()}
+    assert mounts["exchange"] == learner_mounts["exchange"] == values["singleuser"]["extraEnv"]["TDD_EXCHANGE"]
+    grading_volume = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "volume.yaml").read_text())
+    assert claims["course"] == grading_volume["metadata"]["name"]  # the grading Jobs' course directory
+    assert mounts["course"] == pod["containers"][0]["workingDir"] == "/course"
 
 
 # --- the hub, end to end ----------------------------------------------------------------------------
@@ -189,6 +296,7 @@ def hub():
         pytest.skip(reason)
     if not PROXY.is_file():
         _run(["make", "-s", "hub-install"], timeout=600, cwd=ROOT)
+    started = time.monotonic()
     tag = secrets.token_hex(3)
     names = {role: f"tdd{tag}{role}" for role in ("a", "b", "i", "g")}  # learners a, b; instructor; the course's user
     passwords = {name: secrets.token_urlsafe(12) for name in names.values()}
@@ -213,12 +321,11 @@ def hub():
                "TDD_HUB_EXCHANGE": str(exchange), "TDD_HUB_INSTRUCTORS": names["i"], "TDD_HUB_STATE": str(base / "state"),
                "TDD_HUB_PORT": str(_free_port()), "TDD_HUB_API_PORT": str(_free_port()),
                "TDD_HUB_PROXY_API_PORT": str(_free_port()), "TDD_HUB_SERVICE_PORT": str(_free_port())}
-        assert publish.wait(timeout=300) == 0, publish.stdout.read()
-        started = time.monotonic()
         as_course = [sys.executable, str(HUB_DIR / "course_hub.py"), "run", "--"]
         init = _run(as_course + ["python", "-m", "autograder", "course", "init", ".", "--course-id", f"tdd-{tag}",
                                  "--exchange", str(exchange), "--students", "students.csv", "--chapter", FIRST.id],
                     timeout=300, env=env)
+        assert publish.wait(timeout=300) == 0, publish.stdout.read()
         hub_proc = subprocess.Popen([str(Path(sys.executable).parent / "jupyterhub"), "-f",
                                      str(HUB_DIR / "jupyterhub_config.py")], cwd=base, env=env,
                                     stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -233,7 +340,7 @@ def hub():
             time.sleep(1)
         yield {"url": url, "names": names, "passwords": passwords, "env": env, "base": base, "course": course,
                "exchange": exchange, "course_id": f"tdd-{tag}", "as_course": as_course, "init": init.stdout,
-               "started": started}
+               "started": started, "up": time.monotonic()}
     finally:
         problems = []
         if hub_proc is not None and hub_proc.poll() is None:
@@ -350,7 +457,7 @@ def test_hub_fetch_submit_collect_grade_feedback_in_a_browser(hub):
     from playwright.sync_api import sync_playwright
 
     names, course, exchange = hub["names"], hub["course"], hub["exchange"]
-    timings = {"hub up": time.monotonic() - hub["started"]}
+    timings = {"hub up": hub["up"] - hub["started"]}
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         try:
@@ -414,4 +521,4 @@ def test_hub_fetch_submit_collect_grade_feedback_in_a_browser(hub):
                     "A's secret": "PermissionError", "A's home": "FileNotFoundError",
                     "gradebook": "FileNotFoundError", "sources": "FileNotFoundError",
                     "solutions.attention": "withheld"}, seen
-    print("hub test timings (s since the hub was started): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
+    print("hub test timings (s since the test began: users, edition, course init, hub): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))

@@ -85,8 +85,9 @@ def course_config(course_dir: Path) -> tuple[str, Path]:
 
 
 def settings(env: dict | None = None, *, new_course: bool = False) -> Settings:
-    """The hub's settings; with ``new_course``, a course directory without its config yet is fine (its
-    exchange is then TDD_HUB_EXCHANGE, default /srv/nbgrader/exchange): for running ``course init`` in it."""
+    """The hub's settings; with ``new_course`` (for ``run``), a course directory without its config yet is fine
+    (its exchange is then TDD_HUB_EXCHANGE, default /srv/nbgrader/exchange: for ``course init``), and the
+    edition is checked only where it is used (a learner's view)."""
     env = os.environ if env is None else env
     missing = [n for n in ("TDD_HUB_COURSE", "TDD_HUB_EDITION") if not env.get(n)]
     if missing:
@@ -94,7 +95,7 @@ def settings(env: dict | None = None, *, new_course: bool = False) -> Settings:
                        "the student edition (python -m autograder publish); see docs/grading.md, 'On a JupyterHub'")
     course_dir = Path(env["TDD_HUB_COURSE"]).resolve()
     edition = Path(env["TDD_HUB_EDITION"]).resolve()
-    if not (edition / ".student-edition.json").is_file():
+    if not new_course and not (edition / ".student-edition.json").is_file():
         raise HubError(f"{edition} is not a student edition: python -m autograder publish {edition} --answers ...")
     if new_course and not (course_dir / "nbgrader_config.py").is_file():
         course_id, exchange = "", Path(env.get("TDD_HUB_EXCHANGE", "/srv/nbgrader/exchange"))
@@ -158,6 +159,8 @@ def view_command(kind: str, username: str, cfg: Settings) -> list[str]:
     links: list[tuple[Path, Path]] = []  # (target, link)
     overlays: list[tuple[Path, Path]] = []  # (source, mount point): binds over a bound folder
     if kind == "learner":
+        if not (cfg.edition / ".student-edition.json").is_file():
+            raise HubError(f"{cfg.edition} is not a student edition: python -m autograder publish {cfg.edition}")
         ro += [cfg.edition, LEARNER_CONFIG]
         for name, where in package_dirs().items():
             (overlays if _inside(where, ro) else links).append((cfg.edition / name, where))
