@@ -321,8 +321,9 @@ def feedback(root: Path, chapter: str, grades: Path) -> list[str]:
     from autograder import record
 
     root = Path(root).resolve()
+    # nbgrader's layout: <student>/<chapter>/<notebook>; a missing chapter's row names <student>/<chapter>.ipynb
     rows = [r for r in record.read_csv(Path(grades))
-            if Path(r["notebook"]).name == f"{chapter}.ipynb" or Path(r["notebook"]).stem == chapter]
+            if Path(r["notebook"]).parts[1:2] == (chapter,) or Path(r["notebook"]).name == f"{chapter}.ipynb"]
     released = 0
     for submission in sorted((root / "submitted").glob(f"*/{chapter}")):
         student = submission.parent.name

@@ -173,3 +173,48 @@ def test_private_submit_leaves_the_submission_to_its_owner_and_the_group(made, t
     assert stat.S_IMODE(entry.stat().st_mode) == 0o770
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in entry.iterdir()}
     assert modes == {FIRST.notebook: 0o640, "timestamp.txt": 0o640, "submission_secret.txt": 0o640}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the submissions' owners are system users")
+def test_course_collect_sets_aside_a_submission_under_another_name_and_collects_the_rest(made):
+    root, inbound = made["root"], made["exchange"] / ID / "inbound"
+    stamp = "2031-03-05 10:00:00.000000 UTC"
+    notebook = (root / "release" / FIRST.id / FIRST.notebook).read_bytes()
+    for claimed in ("root", "nobody"):  # both made by root: the second claims a student it is not
+        entry = inbound / f"{claimed}+{FIRST.id}+{stamp}+r{claimed}"
+        entry.mkdir()
+        (entry / FIRST.notebook).write_bytes(notebook)
+        (entry / "timestamp.txt").write_text(stamp)
+    status, out, err = _main("collect", str(root), FIRST.id)
+    assert status == 0, err
+    assert f"set aside nobody+{FIRST.id}+{stamp}+rnobody: claims nobody but is owned by root" in out
+    assert (root / "quarantine" / f"nobody+{FIRST.id}+{stamp}+rnobody").is_dir()
+    assert (root / "submitted" / "root" / FIRST.id / FIRST.notebook).read_bytes() == notebook
+    assert not (root / "submitted" / "nobody").exists()
+
+
+def test_course_feedback_writes_nbgraders_layout_and_releases_it_under_the_submissions_key(made, tmp_path):
+    from nbgrader.utils import notebook_hash
+
+    from autograder import record
+
+    root = made["root"]
+    submitted = root / "submitted" / "bob" / FIRST.id
+    submitted.mkdir(parents=True)
+    (submitted / FIRST.notebook).write_text("{}")
+    (submitted / "timestamp.txt").write_text("2031-03-06 10:00:00.000000 UTC")
+    (submitted / "submission_secret.txt").write_text("s3cret" * 20)
+    rows = [{"student": "bob", "notebook": f"bob/{FIRST.id}/{FIRST.notebook}", "exercise": ex.name,
+             "points": ex.points if ex.name == "softmax" else 0, "max_points": ex.points,
+             "status": "passed" if ex.name == "softmax" else "failed", "reason": "" if ex.name == "softmax" else "x"}
+            for ex in FIRST.exercises]
+    rows.append({"student": "bob", "notebook": "bob/02_multi_head_attention.ipynb", "exercise": "split_heads",
+                 "points": 0, "max_points": 1, "status": "missing", "reason": "another chapter"})
+    grades = tmp_path / "grades.csv"
+    record.write_csv(grades, rows)
+    status, out, err = _main("feedback", str(root), FIRST.id, "--grades", str(grades))
+    assert status == 0, err
+    page = (root / "feedback" / "bob" / FIRST.id / f"{FIRST.id}.html").read_text()
+    assert f"Total: <b>2 / {FIRST.points}</b>" in page and "another chapter" not in page
+    released = made["exchange"] / ID / "feedback" / f"{notebook_hash(secret='s3cret' * 20, notebook_id=FIRST.id)}.html"
+    assert released.read_text() == page

@@ -322,10 +322,13 @@ def hub():
                "TDD_HUB_PORT": str(_free_port()), "TDD_HUB_API_PORT": str(_free_port()),
                "TDD_HUB_PROXY_API_PORT": str(_free_port()), "TDD_HUB_SERVICE_PORT": str(_free_port())}
         as_course = [sys.executable, str(HUB_DIR / "course_hub.py"), "run", "--"]
+        init_started = time.monotonic()
         init = _run(as_course + ["python", "-m", "autograder", "course", "init", ".", "--course-id", f"tdd-{tag}",
                                  "--exchange", str(exchange), "--students", "students.csv", "--chapter", FIRST.id],
                     timeout=300, env=env)
+        init_seconds = time.monotonic() - init_started
         assert publish.wait(timeout=300) == 0, publish.stdout.read()
+        hub_started = time.monotonic()
         hub_proc = subprocess.Popen([str(Path(sys.executable).parent / "jupyterhub"), "-f",
                                      str(HUB_DIR / "jupyterhub_config.py")], cwd=base, env=env,
                                     stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -340,7 +343,8 @@ def hub():
             time.sleep(1)
         yield {"url": url, "names": names, "passwords": passwords, "env": env, "base": base, "course": course,
                "exchange": exchange, "course_id": f"tdd-{tag}", "as_course": as_course, "init": init.stdout,
-               "started": started, "up": time.monotonic()}
+               "started": started, "up": time.monotonic(),
+               "steps": {"course init (chapter 1)": init_seconds, "hub start": time.monotonic() - hub_started}}
     finally:
         problems = []
         if hub_proc is not None and hub_proc.poll() is None:
@@ -461,6 +465,7 @@ def test_hub_fetch_submit_collect_grade_feedback_in_a_browser(hub):
 
     names, course, exchange = hub["names"], hub["course"], hub["exchange"]
     timings = {"hub up": hub["up"] - hub["started"]}
+    steps = dict(hub["steps"])  # the instructor's commands, each on its own
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         try:
@@ -481,14 +486,17 @@ def test_hub_fetch_submit_collect_grade_feedback_in_a_browser(hub):
             assert "released" in row.inner_text()  # not left in "draft" (nbgrader #1293), Collect offered
             assert "course id has not been set" not in teacher.content()  # nbgrader #971, #1009
 
+            step = time.monotonic()
             collect = _run(hub["as_course"] + ["python", "-m", "autograder", "course", "collect", ".", FIRST.id],
                            timeout=120, env=hub["env"])
             assert f"collected {FIRST.id}: 2 submission(s)" in collect.stdout
+            steps["collect"], step = time.monotonic() - step, time.monotonic()
             grade = _run(hub["as_course"] + ["python", "-m", "autograder", "grade", "submitted", "--chapter", FIRST.id,
                                              "--jobs", "2", "--out", f"grades/{FIRST.id}.csv",
                                              "--gradebook", f"sqlite:///{course}/gradebook.db"],
                          timeout=300, env=hub["env"])
             assert "sandbox: bwrap" in grade.stderr, grade.stderr
+            steps["grade"], step = time.monotonic() - step, time.monotonic()
             rows = list(csv.DictReader((course / "grades" / f"{FIRST.id}.csv").open()))
             points = {(r["student"], r["exercise"]): float(r["points"]) for r in rows}
             for ex in FIRST.exercises:
@@ -496,6 +504,7 @@ def test_hub_fetch_submit_collect_grade_feedback_in_a_browser(hub):
                 assert points[(names["b"], ex.name)] == 0
             _run(hub["as_course"] + ["python", "-m", "autograder", "course", "feedback", ".", FIRST.id,
                                      "--grades", f"grades/{FIRST.id}.csv"], timeout=120, env=hub["env"])
+            steps["feedback"] = time.monotonic() - step
             timings["graded, feedback released"] = time.monotonic() - hub["started"]
 
             _assignment_list(a)
@@ -528,3 +537,4 @@ def test_hub_fetch_submit_collect_grade_feedback_in_a_browser(hub):
                     "gradebook": "FileNotFoundError", "sources": "FileNotFoundError",
                     "solutions.attention": "withheld"}, seen
     print("hub test timings (s since the test began: users, edition, course init, hub): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
+    print("the instructor's commands (s): " + ", ".join(f"{k} {v:.0f}" for k, v in steps.items()))

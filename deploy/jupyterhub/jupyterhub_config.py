@@ -68,6 +68,7 @@ c.JupyterHub.pid_file = str(cfg.state / "jupyterhub.pid")
 c.JupyterHub.cleanup_servers = True  # stopping the hub stops every server and the service
 
 c.JupyterHub.authenticator_class = CourseAuthenticator
+c.Authenticator.any_allow_config = True  # who may log in is CourseAuthenticator.check_allowed's decision
 c.PAMAuthenticator.open_sessions = False  # no systemd-logind session per login (containers have none)
 c.JupyterHub.spawner_class = CourseSpawner
 c.Spawner.default_url = "/lab"
