@@ -355,6 +355,11 @@ def hub():
                 os.killpg(hub_proc.pid, signal.SIGKILL)
                 hub_proc.wait(timeout=30)
                 problems.append("the hub did not stop on SIGTERM within 60 s")
+        proxy_pid = base / "state" / "proxy.pid"  # the hub stops its proxy, unless the hub itself died
+        if proxy_pid.is_file():
+            with contextlib.suppress(ValueError, ProcessLookupError):
+                os.kill(int(proxy_pid.read_text().strip()), signal.SIGTERM)
+                problems.append("the proxy outlived the hub")
         problems += _remove_users(list(names.values()))
         if log.is_file() and os.environ.get("TDD_KEEP_HUB_LOG"):
             shutil.copy(log, os.environ["TDD_KEEP_HUB_LOG"])
@@ -530,11 +535,12 @@ def test_hub_fetch_submit_collect_grade_feedback_in_a_browser(hub):
              "A's secret": ["read", str(submission / "submission_secret.txt")],
              "A's home": ["list", pwd.getpwnam(names["a"]).pw_dir],
              "gradebook": ["read", str(course / "gradebook.db")],
-             "sources": ["list", str(course_hub.repository() / "autograder" / "source")]}
+             "sources": ["list", str(course_hub.repository() / "autograder" / "source")],
+             "repository": ["list", str(course_hub.repository() / "tests")]}
     seen = _in_view(hub, "b", PROBE, json.dumps(tries))
     assert seen == {"inbound": "PermissionError", "feedback": "PermissionError", "A's notebook": "PermissionError",
                     "A's secret": "PermissionError", "A's home": "FileNotFoundError",
-                    "gradebook": "FileNotFoundError", "sources": "FileNotFoundError",
+                    "gradebook": "FileNotFoundError", "sources": "FileNotFoundError", "repository": "FileNotFoundError",
                     "solutions.attention": "withheld"}, seen
     print("hub test timings (s since the test began: users, edition, course init, hub): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
     print("the instructor's commands (s): " + ", ".join(f"{k} {v:.0f}" for k, v in steps.items()))

@@ -39,7 +39,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 LEARNER_CONFIG = HERE / "learner"  # Jupyter config of learners' and instructors' own servers
-SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/opt")
+SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/lib32")  # not /opt: a course may live there
 PACKAGES = ("solutions", "autograder")
 ENV_NAMES = ("TDD_HUB_COURSE", "TDD_HUB_EDITION", "TDD_HUB_INSTRUCTORS", "TDD_HUB_STATE", "TDD_HUB_IP",
              "TDD_HUB_PORT", "TDD_HUB_API_PORT", "TDD_HUB_PROXY_API_PORT", "TDD_HUB_SERVICE_PORT")
@@ -183,6 +183,11 @@ def view_command(kind: str, username: str, cfg: Settings) -> list[str]:
             cmd += ["--symlink", os.readlink(path), name]
         elif path.is_dir():
             cmd += ["--ro-bind", name, name]
+    # What the user must not see, should it lie inside a system folder bound above (a clone in /usr/local/src):
+    hidden = ([repository()] if kind == "learner" else []) + ([cfg.course_dir] if kind != "course" else [])
+    for d in hidden:
+        if _inside(d, [Path(s) for s in SYSTEM_DIRS]) and d.is_dir():
+            cmd += ["--perms", "0755", "--tmpfs", str(d)]
     parents: list[Path] = []
     for d in [*ro, *rw, *(link for _, link in links)]:
         parents += [p for p in reversed(d.parents) if p != Path("/") and p not in parents and not p.is_symlink()]

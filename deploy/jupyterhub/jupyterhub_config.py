@@ -85,6 +85,7 @@ c.JupyterHub.services = [{
     "environment": {**course_hub.view_environment("course", cfg.course_user, cfg),
                     "JUPYTERHUB_DEFAULT_URL": "/formgrader"},
     "oauth_no_confirm": True,
+    "timeout": 180,  # seconds for the service to answer at start; the hub stops if it does not (30 by default)
 }]
 c.JupyterHub.load_groups = {"instructors": {"users": list(cfg.instructors)}}
 c.JupyterHub.load_roles = [{
