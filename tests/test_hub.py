@@ -464,7 +464,7 @@ print(json.dumps(result))
 @pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.subprocess
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)  # a safety net for a loaded machine; the budget (3 minutes) is measured, not asserted
 def test_hub_fetch_submit_collect_grade_feedback_in_a_browser(hub):
     from playwright.sync_api import sync_playwright
 
