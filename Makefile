@@ -20,7 +20,7 @@ RELEASE_ARGS ?=
 TORCH_INDEX ?= auto
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test check install release student-edition bench clean-venv
+.PHONY: lab test check install release student-edition bench clean-venv hub hub-install
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.10 or newer is needed; got " + sys.version.split()[0]) if sys.version_info < (3, 10) else None'
@@ -64,6 +64,25 @@ release: $(STAMP)
 student-edition: $(STAMP)
 	@test -n "$(DEST)" || { echo 'usage: make student-edition DEST=folder [ANSWERS="01_name 02_name"]'; exit 2; }
 	$(PY) -m autograder publish "$(DEST)" $(foreach a,$(ANSWERS),--answers $(a))
+
+# The course on JupyterHub, on this server, for a try-out (as root; docs/grading.md, "On a JupyterHub"):
+#   sudo make hub HUB_COURSE=/srv/ml101/course HUB_EDITION=/srv/ml101/edition HUB_INSTRUCTORS=ada
+# JupyterHub comes from PyPI (the hub extra), configurable-http-proxy from npm into deploy/jupyterhub/node_modules.
+HUB_PROXY := deploy/jupyterhub/node_modules/.bin/configurable-http-proxy
+HUB_PORT ?= 8000
+$(HUB_PROXY): deploy/jupyterhub/package.json deploy/jupyterhub/package-lock.json
+	@command -v npm >/dev/null || { echo "make hub needs npm for configurable-http-proxy (apt-get install npm)"; exit 2; }
+	npm ci --prefix deploy/jupyterhub --no-audit --no-fund
+	@touch $@
+
+hub-install: $(STAMP) $(HUB_PROXY)
+	@$(PY) -c 'import jupyterhub' 2>/dev/null || $(PY) -m pip install --progress-bar on -e '.[hub]'
+
+hub: hub-install
+	@test "$$(id -u)" = 0 || { echo "make hub runs as root (sudo make hub ...): the hub reads /etc/shadow and starts each server as its user"; exit 2; }
+	@test -n "$(HUB_COURSE)" -a -n "$(HUB_EDITION)" || { echo 'usage: sudo make hub HUB_COURSE=/srv/ml101/course HUB_EDITION=/srv/ml101/edition HUB_INSTRUCTORS="ada grace" [HUB_PORT=8000]'; exit 2; }
+	TDD_HUB_COURSE="$(HUB_COURSE)" TDD_HUB_EDITION="$(HUB_EDITION)" TDD_HUB_INSTRUCTORS="$(HUB_INSTRUCTORS)" \
+	  TDD_HUB_PORT="$(HUB_PORT)" exec $(VENV)/bin/jupyterhub -f deploy/jupyterhub/jupyterhub_config.py
 
 bench: $(STAMP)
 	$(PY) -m solutions.bench

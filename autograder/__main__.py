@@ -1,4 +1,4 @@
-"""``python -m autograder {release,check,grade,plan,merge,feedback,workspace,publish}``.
+"""``python -m autograder {release,check,grade,plan,merge,feedback,workspace,publish,course}``.
 
 Each command lives in its own module (``autograder/<command>.py``) that provides
 ``add_arguments(parser)`` and ``run(args) -> int`` (the exit status).
@@ -19,6 +19,7 @@ COMMANDS = {
     "feedback": ("feedback", "write per-student HTML feedback from a grades.csv"),
     "workspace": ("workspace", "copy the course's new chapters into your work folder (work/); never overwrites your work"),
     "publish": ("publish", "write the student edition: the release without the answers not yet due or the hidden tests"),
+    "course": ("course", "an nbgrader course directory on a hub: init (from the registry), collect, feedback"),
 }
 
 
