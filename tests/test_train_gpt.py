@@ -15,6 +15,7 @@ import torch
 
 from solutions.checkpoint import load_checkpoint, save_checkpoint
 from solutions.data.tokenizer import BPETokenizer
+from solutions.distributed import World
 from solutions.generate import load_gpt
 from solutions.generate import main as generate_main
 from solutions.gpt import GPT, GPTConfig, generate
@@ -26,17 +27,19 @@ TINY = ["--steps", "200", "--batch-size", "16", "--block-size", "32", "--d-model
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """The options solutions.train adds to every task, then the gpt trainer's own."""
+    """The options solutions.train adds to every task, then the gpt trainer's own; one process on the CPU."""
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--metrics-json", type=Path, default=None)
     p.add_argument("--data", type=Path, default=None)
-    p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--accumulation-steps", type=int, default=1)
+    p.add_argument("--loss-log", type=Path, default=None)
     trainer.add_arguments(p)
     args = p.parse_args(argv)
-    args.device = torch.device(args.device)
+    args.world = World(device=torch.device("cpu"))
+    args.device = args.world.device
     return args
 
 
