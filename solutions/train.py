@@ -117,14 +117,23 @@ def rank_prefix() -> str:
     return ""
 
 
+def lost_another_process(err: RuntimeError) -> bool:
+    """An error of the communication between the processes of a torchrun training (a peer died, a timeout), not a
+    bug: gloo raises a plain RuntimeError from its transport, NCCL and the store a DistError."""
+    return isinstance(err, torch.distributed.DistError) or "gloo/transport" in str(err)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: 0 on success; 2 and one ``error: …`` line (no traceback) on bad data or options."""
+    """Console entry point: 0 on success; 2 and one ``error: …`` line (no traceback) on bad data or options; 1 and
+    one line when another process of a torchrun training failed (torchrun then names it)."""
     try:
         train(argv)
     except (ValueError, OSError) as err:  # bad data, options or paths: say what is wrong
         print(f"error: {rank_prefix()}{err}", file=sys.stderr)
         return 2
-    except torch.distributed.DistError as err:  # under torchrun: another process failed or cannot be reached
+    except RuntimeError as err:
+        if not lost_another_process(err):
+            raise
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"error: {rank_prefix()}another training process failed or cannot be reached ({first}); torchrun's "
               "summary names the process that failed first and why", file=sys.stderr)

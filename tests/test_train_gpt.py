@@ -43,6 +43,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+@pytest.mark.train
 @pytest.mark.slow
 def test_train_gpt_short_run_beats_unigram_and_saves(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     torch.manual_seed(0)
@@ -60,6 +61,7 @@ def test_train_gpt_short_run_beats_unigram_and_saves(tmp_path: Path, capsys: pyt
     assert generate(model, torch.zeros(1, 1, dtype=torch.long), 10).shape == (1, 11)
 
 
+@pytest.mark.train
 def test_train_gpt_user_data(tmp_path: Path) -> None:
     text = "the cat sat on the mat. " * 400
     (tmp_path / "mine.txt").write_text(text)
@@ -70,6 +72,7 @@ def test_train_gpt_user_data(tmp_path: Path) -> None:
     assert metrics["val_loss"] < metrics["unigram_loss"]  # a repeated sentence is easy to predict
 
 
+@pytest.mark.train
 def test_train_gpt_bpe_tokens_and_generate_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     text = "".join(f"the {w} sat on the mat.\n" for w in ("cat", "dog", "bird", "cow") * 150)
     (tmp_path / "mine.txt").write_text(text)
@@ -89,6 +92,7 @@ def test_train_gpt_bpe_tokens_and_generate_cli(tmp_path: Path, capsys: pytest.Ca
     assert capsys.readouterr().out == tokenizer.decode(expected[0].tolist()) + "\n"
 
 
+@pytest.mark.train
 def test_generate_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     (tmp_path / "mine.txt").write_text("abcabcabc " * 100)
     trainer.run(parse(TINY + ["--quiet", "--steps", "2", "--samples", "0", "--data", str(tmp_path / "mine.txt"),
@@ -134,6 +138,8 @@ def test_train_gpt_lr_warmup_then_cosine() -> None:
     assert trainer.lr_factor(1.0, 1000, 10) == pytest.approx(0.1)
 
 
+@pytest.mark.train
+@pytest.mark.subprocess
 @pytest.mark.skipif(
     any(importlib.util.find_spec(f"solutions.trainers.{t}") is None for t in ("translate", "vit")),
     reason="python -m solutions.train needs every task's trainer module",

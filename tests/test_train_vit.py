@@ -31,6 +31,7 @@ def vit_only(monkeypatch):
     return train.train
 
 
+@pytest.mark.train
 @pytest.mark.slow
 def test_train_vit_short_run_beats_chance(vit_only, tmp_path):
     metrics_path = tmp_path / "metrics.json"
@@ -48,12 +49,14 @@ def test_train_vit_short_run_beats_chance(vit_only, tmp_path):
     assert checkpoint.metrics["accuracy"] == metrics["accuracy"]
 
 
+@pytest.mark.train
 @pytest.mark.slow
 def test_train_vit_cnn_baseline_beats_chance(vit_only):
     metrics = vit_only(["vit", "--quiet", "--device", "cpu", "--model", "cnn", "--epochs", "3", "--warmup-epochs", "1"])
     assert metrics["model"] == "cnn" and metrics["accuracy"] > 0.5
 
 
+@pytest.mark.train
 def test_train_vit_on_user_npz(vit_only, tmp_path):
     # Two classes a ViT can tell apart at once: bright top half vs bright bottom half, 3 channels, 12×12.
     rng = np.random.default_rng(0)
@@ -86,6 +89,7 @@ def write_image_folder(root, per_class: int = 24, seed: int = 0) -> None:
             image.save(root / name / (f"{i}.jpg" if i % 4 == 0 else f"{i}.png"))
 
 
+@pytest.mark.train
 def test_train_vit_on_image_folder_learns_and_saves_class_names(vit_only, tmp_path, capsys):
     write_image_folder(tmp_path / "photos")
     metrics = vit_only(["vit", "--data", str(tmp_path / "photos"), "--image-size", "12", "--epochs", "15",
