@@ -118,7 +118,6 @@ def fit(
         raise ValueError(f"label_smoothing must be in [0, 1); got {label_smoothing}")
     if time_budget is not None and not time_budget > 0:
         raise ValueError(f"time_budget must be a number of seconds > 0, or None for no limit; got {time_budget}")
-    device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(parameter_groups(model, weight_decay), lr=lr)
     # A mutable schedule: when the time budget cannot hold every step, the cosine is shortened to end in time.
     schedule = {"warmup": max(1, int(warmup_fraction * steps)), "total": steps}
@@ -140,13 +139,7 @@ def fit(
                 index = order[start_row:start_row + batch_size]
                 batch = random_shift(images[index], generator) if augment else images[index]
                 optimizer.zero_grad(set_to_none=True)
-                mine = 0.0
-                for i, rows in enumerate(pieces):
-                    with world.gradient_sync(trained, sync=i == len(pieces) - 1):
-                        logits = trained(batch[rows].to(device))
-                        loss = F.cross_entropy(logits, labels[index[rows]].to(device), label_smoothing=label_smoothing)
-                        (loss / len(pieces)).backward()  # equal micro-batches: 1/len(pieces) of this process's
-                    mine += loss.item() / (len(pieces) * world.size)
+                mine = _backward(trained, batch, labels[index], pieces, world, label_smoothing)
                 # The mean time over the processes: the same on every process, so all stop at the same step.
                 batch_loss, elapsed = world.sum(mine, time.perf_counter() - start)
                 elapsed /= world.size
@@ -167,6 +160,22 @@ def fit(
                     break
     model.eval()
     return losses
+
+
+def _backward(
+    trained: nn.Module, images: Tensor, labels: Tensor, pieces: list[slice], world: World, label_smoothing: float
+) -> float:
+    """Gradients of one global batch: this process's micro-batches (``pieces``), each 1/len(pieces) of its share;
+    ``DistributedDataParallel`` averages them over the processes. Returns this process's part of the batch's loss."""
+    device = next(trained.parameters()).device
+    mine = 0.0
+    for i, rows in enumerate(pieces):
+        with world.gradient_sync(trained, sync=i == len(pieces) - 1):
+            logits = trained(images[rows].to(device))
+            loss = F.cross_entropy(logits, labels[rows].to(device), label_smoothing=label_smoothing)
+            (loss / len(pieces)).backward()
+        mine += loss.item() / (len(pieces) * world.size)
+    return mine
 
 
 def _shorten_to_budget(schedule: dict, step: int, seconds: float, time_budget: float, steps_per_epoch: int,
