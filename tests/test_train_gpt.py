@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from solutions.checkpoint import load_checkpoint, save_checkpoint
+from solutions.data.text import load_text_dataset
 from solutions.data.tokenizer import BPETokenizer
 from solutions.distributed import World
 from solutions.generate import load_gpt
@@ -77,10 +78,11 @@ def test_train_gpt_bpe_tokens_and_generate_cli(tmp_path: Path, capsys: pytest.Ca
     text = "".join(f"the {w} sat on the mat.\n" for w in ("cat", "dog", "bird", "cow") * 150)
     (tmp_path / "mine.txt").write_text(text)
     args = parse(TINY + ["--quiet", "--steps", "30", "--data", str(tmp_path / "mine.txt"), "--tokenizer", "bpe",
-                         "--vocab-size", "60", "--samples", "0", "--eval-chars", "2000",
+                         "--vocab-size", "60", "--samples", "1", "--eval-chars", "2000",
                          "--out", str(tmp_path / "run")])
     metrics = trainer.run(args)
     assert metrics["tokenizer"] == "bpe" and metrics["val_loss"] < metrics["unigram_loss"]
+    assert "--- sample 1 ---" in capsys.readouterr().out
     model, tokenizer = load_gpt(tmp_path / "run")
     assert isinstance(tokenizer, BPETokenizer) and len(tokenizer) <= 60
     assert tokenizer.decode(tokenizer.encode(text[:200])) == text[:200]  # newlines survive BPE
@@ -90,6 +92,22 @@ def test_train_gpt_bpe_tokens_and_generate_cli(tmp_path: Path, capsys: pytest.Ca
                           "--max-new-tokens", "8"]) == 0
     expected = generate(model, torch.tensor([tokenizer.encode("the cat")]), 8, temperature=0)
     assert capsys.readouterr().out == tokenizer.decode(expected[0].tolist()) + "\n"
+
+
+@pytest.mark.train
+def test_train_gpt_samples_from_a_held_out_bpe_piece_that_decodes_to_no_text(tmp_path: Path, capsys) -> None:
+    """The samples start from the held-out text's first token; here it is a bare "▁" piece, whose text (empty)
+    encodes to no token at all, so a prompt made from its text would be empty."""
+    (tmp_path / "mine.txt").write_text("".join(f"the {w} sat on the mat number {i}.\n" for i in range(300)
+                                               for w in ("cat", "dog")))
+    args = parse(TINY + ["--steps", "2", "--data", str(tmp_path / "mine.txt"), "--tokenizer", "bpe",
+                         "--vocab-size", "80", "--block-size", "16", "--samples", "1", "--sample-tokens", "5",
+                         "--eval-chars", "500"])
+    data = load_text_dataset(args.data, args.val_fraction, args.block_size + 1, "bpe", args.vocab_size)
+    assert data.vocab.encode(data.vocab.decode(data.val[:1])) == []  # the case this test is about
+    trainer.run(args)
+    out = capsys.readouterr().out
+    assert "--- sample 1 ---" in out
 
 
 @pytest.mark.train

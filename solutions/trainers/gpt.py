@@ -175,10 +175,10 @@ def fit(model: GPT, train: torch.Tensor, args: argparse.Namespace, device: torch
 
 
 def print_samples(model: GPT, data, args: argparse.Namespace, device: torch.device) -> None:
-    """``--samples`` continuations of the start of the held-out text, with the KV cache."""
-    prompt_text = data.vocab.decode(data.val[:1])
+    """``--samples`` continuations of the held-out text's first token, with the KV cache."""
     for i in range(args.samples):
-        prompt = torch.tensor([data.vocab.encode(prompt_text)], device=device)
+        # The token itself, not its text: a BPE piece such as "▁" decodes to text that encodes to no token at all.
+        prompt = data.val[None, :1].to(device)
         n_new = min(args.sample_tokens, model.config.max_len - prompt.shape[1])
         out = generate(model, prompt, n_new, temperature=args.temperature, top_k=args.top_k,
                        generator=torch.Generator(device=device).manual_seed(args.seed + i))
