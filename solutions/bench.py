@@ -53,9 +53,9 @@ IMPLS = ("einsum", "sdpa", "auto", "torch_sdpa", "plain")
 CACHE_MODEL = dict(vocab=128, max_len=1024 + 16, d_model=128, n_heads=8, n_layers=4)
 # The encoder-decoder of section 2: the default sizes of `python -m solutions.train translate`.
 TRANSLATION_MODEL = dict(d_model=64, n_heads=4, n_layers=2, d_ff=128, dropout=0.1)
-TRAININGS = {  # task: (metric, target, seconds) from COURSE.md; gpt's target is its unigram baseline
+TRAININGS = {  # task: (metric, target, seconds) from COURSE.md (vit: the 98% of issue 29); gpt's: its unigram baseline
     "translate": ("exact_match", 0.95, 180.0),
-    "vit": ("accuracy", 0.97, 120.0),
+    "vit": ("accuracy", 0.98, 120.0),
     "gpt": ("val_loss", None, 180.0),
 }
 

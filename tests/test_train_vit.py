@@ -18,7 +18,7 @@ from PIL import Image
 import solutions.train as train
 from solutions.checkpoint import load_checkpoint
 from solutions.data.digits import load_image_folder
-from solutions.trainers.vit import SmallCNN, build_model, evaluate
+from solutions.trainers.vit import TEST_SHIFTS, SmallCNN, build_model, evaluate, evaluate_shifted
 from solutions.vit import VisionTransformer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,7 +104,8 @@ def test_train_vit_on_image_folder_learns_and_saves_class_names(vit_only, tmp_pa
     model = build_model(checkpoint.config)
     model.load_state_dict(checkpoint.state_dict)
     test_x, test_y = load_image_folder(tmp_path / "photos", 12)[1]
-    assert evaluate(model, test_x, test_y) == metrics["accuracy"]
+    assert evaluate(model, test_x, test_y) == metrics["accuracy_one_view"]
+    assert evaluate_shifted(model, test_x, test_y) == metrics["accuracy"] and metrics["test_time_shifts"]
 
 
 def test_load_image_folder_resizes_and_keeps_grey_as_one_channel(tmp_path):
@@ -244,3 +245,50 @@ def test_train_vit_mnist_offline_says_what_to_do(vit_only, monkeypatch, tmp_path
     monkeypatch.setattr(torchvision.datasets, "MNIST", offline)  # never touches the network
     with pytest.raises(ValueError, match=r"could not load mnist .*go online once.*--dataset digits"):
         vit_only(["vit", "--quiet", "--dataset", "mnist", "--data-root", str(tmp_path)])
+
+
+def moved(images: torch.Tensor, down: int, right: int) -> torch.Tensor:
+    """``images`` moved by (down, right) pixels, what leaves the frame dropped and what enters it zero."""
+    out = torch.roll(images, shifts=(down, right), dims=(-2, -1))
+    if down:
+        out[..., 0 if down > 0 else -1, :] = 0
+    if right:
+        out[..., :, 0 if right > 0 else -1] = 0
+    return out
+
+
+def test_evaluate_shifted_averages_the_image_and_its_four_one_pixel_moves():
+    class Recorder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(36, 3)
+            self.seen: list[torch.Tensor] = []
+
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            self.seen.append(images.clone())
+            return self.linear(images.flatten(1))
+
+    torch.manual_seed(0)
+    images, labels = torch.randn(40, 1, 6, 6), torch.randint(0, 3, (40,))
+    model = Recorder()
+    torch.nn.init.normal_(model.linear.weight)  # predictions that differ from image to image and view to view
+    accuracy = evaluate_shifted(model, images, labels)
+    views = [moved(images, 0, 0), moved(images, 1, 0), moved(images, -1, 0), moved(images, 0, 1), moved(images, 0, -1)]
+    assert len(model.seen) == len(TEST_SHIFTS) == 5
+    assert all(any(torch.equal(seen, view) for seen in model.seen) for view in views)
+    with torch.no_grad():
+        mean = sum(model.linear(view.flatten(1)).softmax(-1) for view in views) / 5
+    single = model.linear(images.flatten(1)).argmax(-1)
+    assert len(set(mean.argmax(-1).tolist())) == 3 and not torch.equal(mean.argmax(-1), single)  # the views count
+    assert accuracy == (mean.argmax(-1) == labels).sum().item() / len(labels)
+
+
+def test_train_vit_no_tta_reports_the_image_alone(vit_only, tmp_path):
+    rng = np.random.default_rng(0)
+    labels = np.repeat([0, 1], 20)
+    images = rng.uniform(0, 0.2, size=(40, 1, 8, 8)).astype(np.float32)
+    images[labels == 0, :, :4] += 0.8
+    np.savez(tmp_path / "mine.npz", images=images, labels=labels)
+    metrics = vit_only(["vit", "--quiet", "--device", "cpu", "--data", str(tmp_path / "mine.npz"), "--epochs", "2",
+                        "--warmup-epochs", "1", "--d-model", "16", "--n-layers", "1", "--batch-size", "16", "--no-tta"])
+    assert metrics["test_time_shifts"] is False and metrics["accuracy"] == metrics["accuracy_one_view"]
