@@ -5,7 +5,8 @@ a hierarchy (pooling) built in; a ViT must learn them from data. Comparing the
 two is only fair when everything but the model is the same: the same images in
 the same order, the same augmentation, batch size, number of steps, optimizer
 and learning-rate schedule. :func:`fit` is that one loop, used unchanged for
-both, and :func:`evaluate` the one accuracy.
+both (by chapter 5's notebook and by ``python -m solutions.train vit``, also
+under ``torchrun``), and :func:`evaluate` the one accuracy.
 
 This module imports nothing of the ViT, so it stays usable where chapter 5's
 answers are hidden.
@@ -14,12 +15,15 @@ answers are hidden.
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int64
 from torch import Tensor, nn
 from tqdm.auto import tqdm
+
+from solutions.distributed import World
 
 
 class SmallCNN(nn.Module):
@@ -87,52 +91,104 @@ def fit(
     augment: bool = True,
     seed: int = 0,
     progress: bool = True,
+    time_budget: float | None = None,
+    world: World = World(),
+    accumulation_steps: int = 1,
 ) -> list[float]:
-    """Train ``model`` for exactly ``steps`` AdamW steps on shuffled batches; returns the loss of every step.
+    """Train ``model`` for ``steps`` AdamW steps on shuffled batches; returns the loss of every step.
 
     The batches, their order and the random ±1-pixel shifts depend only on ``seed``,
     so two models fitted with the same arguments see exactly the same data.
+    ``time_budget`` (seconds) ends training early: after 50 steps, when the rest
+    cannot fit, the cosine is shortened to end in time. Under ``torchrun``
+    (``world``, see :mod:`solutions.distributed`) every process draws the same
+    batch and trains on its share of it, in ``accumulation_steps`` micro-batches.
     """
     if images.dim() != 4 or labels.shape != images.shape[:1]:
         raise ValueError(f"images must be (batch, channels, height, width) and labels (batch,); got shapes "
                          f"{tuple(images.shape)} and {tuple(labels.shape)}")
     if len(images) == 0:
         raise ValueError("images is empty: there is nothing to train on")
-    for name, value in (("steps", steps), ("batch_size", batch_size)):
+    for name, value in (("steps", steps), ("batch_size", batch_size), ("accumulation_steps", accumulation_steps)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer; got {value!r}")
     if not 0.0 <= warmup_fraction < 1.0:
         raise ValueError(f"warmup_fraction must be in [0, 1); got {warmup_fraction}")
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1); got {label_smoothing}")
-    device = next(model.parameters()).device
+    if time_budget is not None and not time_budget > 0:
+        raise ValueError(f"time_budget must be a number of seconds > 0, or None for no limit; got {time_budget}")
     optimizer = torch.optim.AdamW(parameter_groups(model, weight_decay), lr=lr)
-    warmup = max(1, int(warmup_fraction * steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup, steps))
+    # A mutable schedule: when the time budget cannot hold every step, the cosine is shortened to end in time.
+    schedule = {"warmup": max(1, int(warmup_fraction * steps)), "total": steps}
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine(step, schedule["warmup"], schedule["total"])
+    )
     generator = torch.Generator().manual_seed(seed)
     batch_size = min(batch_size, len(images))
+    pieces = world.micro_batches(batch_size, accumulation_steps)
+    trained = world.wrap(model)
     losses: list[float] = []
-    model.train()
+    start, probe = time.perf_counter(), min(50, steps)
+    trained.train()
     with tqdm(total=steps, desc=f"train {type(model).__name__}", unit="step", disable=not progress) as bar:
-        while len(losses) < steps:
+        while len(losses) < schedule["total"]:
             order = torch.randperm(len(images), generator=generator)
             # Whole batches only: a last batch of one image would break BatchNorm and weigh that image more.
-            for start in range(0, len(order) - batch_size + 1, batch_size):
-                index = order[start:start + batch_size]
+            for start_row in range(0, len(order) - batch_size + 1, batch_size):
+                index = order[start_row:start_row + batch_size]
                 batch = random_shift(images[index], generator) if augment else images[index]
-                logits = model(batch.to(device))
-                loss = F.cross_entropy(logits, labels[index].to(device), label_smoothing=label_smoothing)
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                mine = _backward(trained, batch, labels[index], pieces, world, label_smoothing)
+                # The mean time over the processes: the same on every process, so all stop at the same step.
+                batch_loss, elapsed = world.sum(mine, time.perf_counter() - start)
+                elapsed /= world.size
                 nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
                 scheduler.step()
-                losses.append(loss.item())
+                losses.append(batch_loss)
                 bar.update()
-                if len(losses) == steps:
+                if len(losses) % 10 == 0:
+                    bar.set_postfix(loss=f"{batch_loss:.4f}")
+                if time_budget is not None and len(losses) == probe:
+                    _shorten_to_budget(schedule, len(losses), elapsed, time_budget, len(images) // batch_size,
+                                       progress)
+                    bar.total = schedule["total"]
+                if time_budget is not None and elapsed > time_budget:
+                    schedule["total"] = len(losses)
+                if len(losses) >= schedule["total"]:
                     break
     model.eval()
     return losses
+
+
+def _backward(
+    trained: nn.Module, images: Tensor, labels: Tensor, pieces: list[slice], world: World, label_smoothing: float
+) -> float:
+    """Gradients of one global batch: this process's micro-batches (``pieces``), each 1/len(pieces) of its share;
+    ``DistributedDataParallel`` averages them over the processes. Returns this process's part of the batch's loss."""
+    device = next(trained.parameters()).device
+    mine = 0.0
+    for i, rows in enumerate(pieces):
+        with world.gradient_sync(trained, sync=i == len(pieces) - 1):
+            logits = trained(images[rows].to(device))
+            loss = F.cross_entropy(logits, labels[rows].to(device), label_smoothing=label_smoothing)
+            (loss / len(pieces)).backward()
+        mine += loss.item() / (len(pieces) * world.size)
+    return mine
+
+
+def _shorten_to_budget(schedule: dict, step: int, seconds: float, time_budget: float, steps_per_epoch: int,
+                       say: bool) -> None:
+    """After ``step`` steps in ``seconds``: end the cosine early when the time budget cannot hold every step."""
+    affordable = int(time_budget / (seconds / step))
+    if affordable < schedule["total"]:
+        planned = schedule["total"]
+        schedule["total"] = max(step, affordable)
+        schedule["warmup"] = min(schedule["warmup"], max(1, schedule["total"] // 10))
+        if say:
+            tqdm.write(f"time budget {time_budget:g} s: training {schedule['total']} of {planned} steps "
+                       f"({schedule['total'] / steps_per_epoch:.1f} epochs)")
 
 
 @torch.inference_mode()

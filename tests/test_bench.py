@@ -104,3 +104,17 @@ def test_bench_decoder_cache_row_not_ok_when_the_cache_is_slower(monkeypatch: py
     rows = [r for r in table.rows if r["section"] == "enc-dec"]
     assert len(rows) == 2 and all(r["identical"] is True and r["speedup"] == 0.5 for r in rows)
     assert all(r["ok"] is False for r in rows)
+
+
+def test_bench_cache_rows_give_time_per_token_and_tokens_per_second(capsys: pytest.CaptureFixture) -> None:
+    from solutions.bench import Table, bench_cache
+
+    table = Table()
+    bench_cache(table, [8, 16], 1, d_model=32)
+    rows = [r for r in table.rows if r["section"] == "kv-cache" and "new_tokens" in r]
+    assert [r["new_tokens"] for r in rows] == [8, 16]
+    for r in rows:
+        assert r["ms_per_token"] == pytest.approx(1e3 * r["cached_s"] / r["new_tokens"])
+        assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["cached_s"])
+    out = capsys.readouterr().out
+    assert f"{rows[-1]['ms_per_token']:5.2f} ms/token = {rows[-1]['tokens_per_s']:5.0f} tokens/s" in out

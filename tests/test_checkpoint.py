@@ -51,3 +51,23 @@ def test_load_checkpoint_missing_or_foreign_file(tmp_path):
         load_checkpoint(tmp_path, kind="translate")
     with pytest.raises(ValueError, match="kind must be one of"):
         load_checkpoint(tmp_path, kind="bert")
+
+
+def test_checkpoint_of_a_ddp_wrapped_model_loads_into_the_plain_model(tmp_path):
+    """What rank 0 of a torchrun training saves: the model inside DistributedDataParallel, no 'module.' prefix."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        wrapped = DistributedDataParallel(torch.nn.Linear(3, 2))
+        assert next(iter(wrapped.state_dict())).startswith("module.")  # what saving the wrapper would write
+        save_checkpoint(tmp_path, kind="gpt", config={}, model=wrapped, vocab={}, metrics={"world_size": 2})
+    finally:
+        dist.destroy_process_group()
+    checkpoint = load_checkpoint(tmp_path, kind="gpt")
+    plain = torch.nn.Linear(3, 2)
+    plain.load_state_dict(checkpoint.state_dict)  # strict: the keys are the plain model's
+    torch.testing.assert_close(plain.weight, wrapped.module.weight.detach(), rtol=0, atol=0)
+    assert checkpoint.metrics["world_size"] == 2

@@ -162,3 +162,52 @@ def test_fit_and_evaluate_reject_mismatched_data():
         fit(Recorder(), images, labels[:5], steps=1, progress=False)
     with pytest.raises(ValueError, match="images must be"):
         evaluate(Recorder(), images[:0], labels[:0])
+
+
+def test_fit_accumulation_steps_give_the_same_training():
+    """Four micro-batches of 4 whose gradients add up take the same steps as one batch of 16."""
+    images, labels = two_halves(48)
+    runs = []
+    for accumulation in (1, 4):
+        torch.manual_seed(0)
+        model = Recorder()
+        losses = fit(model, images, labels, steps=6, batch_size=16, seed=1, progress=False,
+                     accumulation_steps=accumulation)
+        runs.append((losses, model.linear.weight.detach().clone(), model.seen))
+    (losses_one, weight_one, seen_one), (losses_four, weight_four, seen_four) = runs
+    assert [len(b) for b in seen_four] == [4] * 24 and torch.equal(torch.cat(seen_four[:4]), seen_one[0])
+    torch.testing.assert_close(torch.tensor(losses_four), torch.tensor(losses_one), rtol=1e-6, atol=0)
+    torch.testing.assert_close(weight_four, weight_one, rtol=0, atol=1e-6)
+
+
+def test_fit_rejects_a_batch_that_does_not_split_into_micro_batches():
+    images, labels = two_halves(40)
+    with pytest.raises(ValueError, match=r"--batch-size 16 cannot be split into 1 process\(es\) x 3 accumulation "
+                                         r"step\(s\) = 3 equal micro-batches; use a multiple of 3, e.g. 18 or 15"):
+        fit(Recorder(), images, labels, steps=1, batch_size=16, accumulation_steps=3, progress=False)
+
+
+def test_fit_time_budget_ends_the_cosine_in_time(monkeypatch):
+    """A clock where every step takes 0.1 s and a budget of 10 s: after 50 steps (5 s) the 200 planned steps cannot
+    fit, so the schedule is shortened to the 100 that can, and training stops there."""
+    import types
+
+    import solutions.cnn as cnn
+
+    clock = [0.0]
+
+    def tick() -> float:
+        clock[0] += 0.1
+        return clock[0]
+
+    monkeypatch.setattr(cnn, "time", types.SimpleNamespace(perf_counter=tick))
+    images, labels = two_halves(64)
+    factors = []
+    real_cosine = cnn.warmup_cosine
+    monkeypatch.setattr(cnn, "warmup_cosine", lambda step, warmup, total: factors.append((step, total)) or
+                        real_cosine(step, warmup, total))
+    losses = cnn.fit(Recorder(), images, labels, steps=200, batch_size=16, time_budget=10.0, progress=False)
+    assert len(losses) == 100
+    assert factors[-1] == (100, 100)  # the learning rate reached the end of the cosine at the last step
+    with pytest.raises(ValueError, match="time_budget must be a number of seconds > 0"):
+        cnn.fit(Recorder(), images, labels, steps=2, time_budget=0, progress=False)

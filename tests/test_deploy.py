@@ -1,6 +1,8 @@
 """deploy/: the Kubernetes manifests (validated offline against the API's schemas, and against each
 other and the grader's own options) and the Slurm scripts (their index handling by a dry run under
-bash, and for real on a plan whose notebooks all changed, so no kernel starts)."""
+bash, and for real on a plan whose notebooks all changed, so no kernel starts); the training launchers
+(their torchrun commands parsed by torchrun's own parser and the trainer's, and the Slurm one run for real
+on this machine)."""
 
 from __future__ import annotations
 
@@ -18,8 +20,11 @@ import nbformat
 import pytest
 import yaml
 
+from torch.distributed.run import get_args_parser as torchrun_parser
+
 from autograder import grade, merge, plan, record, registry, status
 from redteam import build as redteam
+from solutions.train import build_parser as train_parser
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "deploy" / "kubernetes"
@@ -120,7 +125,7 @@ def test_kubernetes_plan_shards_and_merge_agree(tmp_path):
         volumes = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]}
         for mount in pod["containers"][0]["volumeMounts"]:
             claims.add((volumes[mount["name"]], mount["mountPath"]))
-    pvc = next(d for d in _manifests().values() if d["kind"] == "PersistentVolumeClaim")
+    pvc = _manifests()["volume.yaml:PersistentVolumeClaim/course"]
     assert claims == {(pvc["metadata"]["name"], "/course")}  # one shared volume, mounted alike everywhere
     assert "ReadWriteMany" in pvc["spec"]["accessModes"]
 
@@ -237,3 +242,124 @@ def test_kubernetes_rerun_one_shard(tmp_path):
     for bad in (str(shards), "x", "-1"):
         refused = subprocess.run(["bash", str(K8S / "rerun-shard.sh"), bad], capture_output=True, text=True)
         assert refused.returncode == 2 and "error:" in refused.stderr and not refused.stdout
+
+
+# --- Training launchers: torchrun on Kubernetes and Slurm -------------------------------------------------
+
+
+def _torchrun(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
+    """torchrun's own parser on ``python -m torch.distributed.run ...``, then the trainer's on what it starts."""
+    assert argv[1:3] == ["-m", "torch.distributed.run"], argv
+    run = torchrun_parser().parse_args(argv[3:])
+    assert run.module and run.training_script == "solutions.train", argv
+    return run, train_parser().parse_args(run.training_script_args)
+
+
+def _document(kind: str, name: str) -> dict:
+    return next(d for d in _manifests().values() if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def test_kubernetes_training_job_pods_meet_at_pod_0_through_the_headless_service(tmp_path):
+    job, service = _job("tdd-train"), _document("Service", "tdd-train")
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"]
+    assert spec["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"  # a lost pod fails the run, no half-restart
+    (container,) = pod["containers"]
+    for index in range(spec["completions"]):
+        run, trainer = _torchrun(_argv(container, {"JOB_COMPLETION_INDEX": str(index)}, tmp_path))
+        assert run.node_rank == index  # pod i is node i of the rendezvous
+    assert int(run.nnodes) == spec["completions"]
+    assert int(run.nproc_per_node) == int(container["resources"]["limits"]["nvidia.com/gpu"])  # one process per GPU
+    # Pod 0's stable name: <job>-0.<subdomain>, served by a headless Service that selects these pods.
+    assert run.master_addr == f"{job['metadata']['name']}-0.{pod['subdomain']}" and pod["subdomain"] == "tdd-train"
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    assert run.master_port == service["spec"]["ports"][0]["port"] == container["ports"][0]["containerPort"]
+    assert trainer.task in ("translate", "vit", "gpt") and trainer.device == "cuda"
+    # Rank 0 writes into a volume every pod mounts (ReadWriteMany), and NCCL gets a real /dev/shm.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    runs = next(path for path in mounts if str(trainer.out).startswith(path + "/"))
+    claim = _document("PersistentVolumeClaim", volumes[mounts[runs]]["persistentVolumeClaim"]["claimName"])
+    assert "ReadWriteMany" in claim["spec"]["accessModes"] and str(trainer.metrics_json).startswith(runs + "/")
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+
+
+def test_kubernetes_training_pods_are_not_cut_off_by_the_graders_network_policy():
+    """The grading pods get no network at all; the training pods need it to meet."""
+    labels = _job("tdd-train")["spec"]["template"]["metadata"]["labels"]
+    for doc in _manifests().values():
+        if doc["kind"] == "NetworkPolicy":
+            assert not doc["spec"]["podSelector"]["matchLabels"].items() <= labels.items(), doc["metadata"]["name"]
+
+
+@pytest.fixture
+def slurm_bin(tmp_path):
+    """Stand-ins for Slurm's commands: scontrol expands the node list as Slurm does ("gpu[01-03]" is three
+    hosts), srun runs its command once, here."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        '#!/bin/bash\n[[ "$1 $2" == "show hostnames" ]] || exit 1\n'
+        'if [[ "$3" =~ ^(.*)\\[([0-9]+)-([0-9]+)\\]$ ]]; then\n'
+        '  for i in $(seq -w "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}"); do echo "${BASH_REMATCH[1]}$i"; done\n'
+        'else echo "$3"; fi\n')
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
+    for tool in ("scontrol", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    return bin_dir
+
+
+def _sbatch_env(slurm_bin, **env) -> dict[str, str]:
+    return {"PATH": f"{slurm_bin}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable, **env}
+
+
+@pytest.mark.parametrize("nodes, nodelist, gpus, head", [
+    ("1", "gpu07", "4", "gpu07"),           # one node x 4 GPUs
+    ("3", "gpu[01-03]", "8", "gpu01"),      # three nodes x 8 GPUs: the rendezvous on the first
+])
+def test_slurm_train_dry_run_rendezvous_from_the_allocation(slurm_bin, nodes, nodelist, gpus, head):
+    env = _sbatch_env(slurm_bin, DRY_RUN="1", SLURM_JOB_ID="4242", SLURM_NNODES=nodes,
+                      SLURM_JOB_NODELIST=nodelist, SLURM_GPUS_ON_NODE=gpus)
+    done = subprocess.run(["bash", str(SLURM / "train.sbatch"), "gpt", "--out", "runs/my gpt", "--batch-size", "96"],
+                          capture_output=True, text=True, cwd=REPO, env=env)
+    assert done.returncode == 0, done.stderr
+    argv = shlex.split(done.stdout)
+    assert argv[0] == "srun" and "--ntasks-per-node=1" in argv and "--kill-on-bad-exit=1" in argv
+    run, trainer = _torchrun(argv[argv.index(sys.executable):])
+    assert (run.nnodes, run.nproc_per_node) == (nodes, gpus)
+    assert (run.rdzv_backend, run.rdzv_endpoint, run.rdzv_id) == ("c10d", f"{head}:29500", "4242")
+    assert trainer.task == "gpt" and str(trainer.out) == "runs/my gpt" and trainer.batch_size == 96  # quoting
+
+
+@pytest.mark.parametrize("env, argv, message", [
+    ({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1"}, [], "give the trainer and its options"),
+    ({}, ["vit"], "not in a Slurm allocation"),
+    ({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1", "NPROC_PER_NODE": "x"}, ["vit"], "NPROC_PER_NODE is 'x'"),
+])
+def test_slurm_train_refuses_what_it_cannot_run(slurm_bin, env, argv, message):
+    done = subprocess.run(["bash", str(SLURM / "train.sbatch"), *argv], capture_output=True, text=True, cwd=REPO,
+                          env=_sbatch_env(slurm_bin, DRY_RUN="1", **env))
+    assert done.returncode == 2 and message in done.stderr and not done.stdout
+
+
+@pytest.mark.train
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_slurm_train_script_runs_for_real_on_this_machine(slurm_bin, tmp_path):
+    """One node of two CPU processes, as Slurm would start it: the c10d rendezvous forms and rank 0 writes."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = _sbatch_env(slurm_bin, SLURM_JOB_ID="7", SLURM_NNODES="1", SLURM_JOB_NODELIST="localhost",
+                      NPROC_PER_NODE="2", RDZV_PORT=str(port), OMP_NUM_THREADS="1")
+    done = subprocess.run(["bash", str(SLURM / "train.sbatch"), "vit", "--device", "cpu", "--quiet", "--epochs", "1",
+                           "--warmup-epochs", "0.5", "--n-layers", "1", "--d-model", "16", "--d-mlp", "32",
+                           "--out", str(tmp_path / "run"), "--metrics-json", str(tmp_path / "m.json")],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert metrics["world_size"] == 2 and 0.0 <= metrics["accuracy"] <= 1.0
+    assert done.stdout.count("test accuracy") == 1  # rank 0 alone evaluates and prints

@@ -21,6 +21,8 @@ def console_script() -> str:
     return found
 
 
+@pytest.mark.train
+@pytest.mark.subprocess
 def test_tdd_train_exits_0_on_success_and_writes_metrics(tmp_path):
     (tmp_path / "pairs.tsv").write_text("".join(f"a{i}\tb{i % 7}\n" for i in range(40)), encoding="utf-8")
     result = subprocess.run(
@@ -33,6 +35,7 @@ def test_tdd_train_exits_0_on_success_and_writes_metrics(tmp_path):
     assert 0.0 <= json.loads((tmp_path / "m.json").read_text())["exact_match"] <= 1.0
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("argv, message", [
     (["translate", "--data", "{tmp}/missing.tsv"], "missing.tsv: no such file"),
     (["vit", "--data", "{tmp}"], "found 0 class folders"),

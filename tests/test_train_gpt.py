@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from solutions.checkpoint import load_checkpoint, save_checkpoint
+from solutions.data.text import load_text_dataset
 from solutions.data.tokenizer import BPETokenizer
+from solutions.distributed import World
 from solutions.generate import load_gpt
 from solutions.generate import main as generate_main
 from solutions.gpt import GPT, GPTConfig, generate
@@ -26,20 +28,23 @@ TINY = ["--steps", "200", "--batch-size", "16", "--block-size", "32", "--d-model
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """The options solutions.train adds to every task, then the gpt trainer's own."""
+    """The options solutions.train adds to every task, then the gpt trainer's own; one process on the CPU."""
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--metrics-json", type=Path, default=None)
     p.add_argument("--data", type=Path, default=None)
-    p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--accumulation-steps", type=int, default=1)
+    p.add_argument("--loss-log", type=Path, default=None)
     trainer.add_arguments(p)
     args = p.parse_args(argv)
-    args.device = torch.device(args.device)
+    args.world = World(device=torch.device("cpu"))
+    args.device = args.world.device
     return args
 
 
+@pytest.mark.train
 @pytest.mark.slow
 def test_train_gpt_short_run_beats_unigram_and_saves(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     torch.manual_seed(0)
@@ -57,6 +62,7 @@ def test_train_gpt_short_run_beats_unigram_and_saves(tmp_path: Path, capsys: pyt
     assert generate(model, torch.zeros(1, 1, dtype=torch.long), 10).shape == (1, 11)
 
 
+@pytest.mark.train
 def test_train_gpt_user_data(tmp_path: Path) -> None:
     text = "the cat sat on the mat. " * 400
     (tmp_path / "mine.txt").write_text(text)
@@ -67,14 +73,16 @@ def test_train_gpt_user_data(tmp_path: Path) -> None:
     assert metrics["val_loss"] < metrics["unigram_loss"]  # a repeated sentence is easy to predict
 
 
+@pytest.mark.train
 def test_train_gpt_bpe_tokens_and_generate_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     text = "".join(f"the {w} sat on the mat.\n" for w in ("cat", "dog", "bird", "cow") * 150)
     (tmp_path / "mine.txt").write_text(text)
     args = parse(TINY + ["--quiet", "--steps", "30", "--data", str(tmp_path / "mine.txt"), "--tokenizer", "bpe",
-                         "--vocab-size", "60", "--samples", "0", "--eval-chars", "2000",
+                         "--vocab-size", "60", "--samples", "1", "--eval-chars", "2000",
                          "--out", str(tmp_path / "run")])
     metrics = trainer.run(args)
     assert metrics["tokenizer"] == "bpe" and metrics["val_loss"] < metrics["unigram_loss"]
+    assert "--- sample 1 ---" in capsys.readouterr().out
     model, tokenizer = load_gpt(tmp_path / "run")
     assert isinstance(tokenizer, BPETokenizer) and len(tokenizer) <= 60
     assert tokenizer.decode(tokenizer.encode(text[:200])) == text[:200]  # newlines survive BPE
@@ -86,6 +94,23 @@ def test_train_gpt_bpe_tokens_and_generate_cli(tmp_path: Path, capsys: pytest.Ca
     assert capsys.readouterr().out == tokenizer.decode(expected[0].tolist()) + "\n"
 
 
+@pytest.mark.train
+def test_train_gpt_samples_from_a_held_out_bpe_piece_that_decodes_to_no_text(tmp_path: Path, capsys) -> None:
+    """The samples start from the held-out text's first token; here it is a bare "▁" piece, whose text (empty)
+    encodes to no token at all, so a prompt made from its text would be empty."""
+    (tmp_path / "mine.txt").write_text("".join(f"the {w} sat on the mat number {i}.\n" for i in range(300)
+                                               for w in ("cat", "dog")))
+    args = parse(TINY + ["--steps", "2", "--data", str(tmp_path / "mine.txt"), "--tokenizer", "bpe",
+                         "--vocab-size", "80", "--block-size", "16", "--samples", "1", "--sample-tokens", "5",
+                         "--eval-chars", "500"])
+    data = load_text_dataset(args.data, args.val_fraction, args.block_size + 1, "bpe", args.vocab_size)
+    assert data.vocab.encode(data.vocab.decode(data.val[:1])) == []  # the case this test is about
+    trainer.run(args)
+    out = capsys.readouterr().out
+    assert "--- sample 1 ---" in out
+
+
+@pytest.mark.train
 def test_generate_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     (tmp_path / "mine.txt").write_text("abcabcabc " * 100)
     trainer.run(parse(TINY + ["--quiet", "--steps", "2", "--samples", "0", "--data", str(tmp_path / "mine.txt"),
@@ -131,6 +156,8 @@ def test_train_gpt_lr_warmup_then_cosine() -> None:
     assert trainer.lr_factor(1.0, 1000, 10) == pytest.approx(0.1)
 
 
+@pytest.mark.train
+@pytest.mark.subprocess
 @pytest.mark.skipif(
     any(importlib.util.find_spec(f"solutions.trainers.{t}") is None for t in ("translate", "vit")),
     reason="python -m solutions.train needs every task's trainer module",

@@ -18,7 +18,7 @@ from PIL import Image
 import solutions.train as train
 from solutions.checkpoint import load_checkpoint
 from solutions.data.digits import load_image_folder
-from solutions.trainers.vit import SmallCNN, build_model, evaluate, parameter_groups, random_shift, warmup_cosine
+from solutions.trainers.vit import TEST_SHIFTS, SmallCNN, build_model, evaluate, evaluate_shifted
 from solutions.vit import VisionTransformer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,6 +31,7 @@ def vit_only(monkeypatch):
     return train.train
 
 
+@pytest.mark.train
 @pytest.mark.slow
 def test_train_vit_short_run_beats_chance(vit_only, tmp_path):
     metrics_path = tmp_path / "metrics.json"
@@ -48,12 +49,14 @@ def test_train_vit_short_run_beats_chance(vit_only, tmp_path):
     assert checkpoint.metrics["accuracy"] == metrics["accuracy"]
 
 
+@pytest.mark.train
 @pytest.mark.slow
 def test_train_vit_cnn_baseline_beats_chance(vit_only):
-    metrics = vit_only(["vit", "--quiet", "--device", "cpu", "--model", "cnn", "--epochs", "3"])
+    metrics = vit_only(["vit", "--quiet", "--device", "cpu", "--model", "cnn", "--epochs", "3", "--warmup-epochs", "1"])
     assert metrics["model"] == "cnn" and metrics["accuracy"] > 0.5
 
 
+@pytest.mark.train
 def test_train_vit_on_user_npz(vit_only, tmp_path):
     # Two classes a ViT can tell apart at once: bright top half vs bright bottom half, 3 channels, 12×12.
     rng = np.random.default_rng(0)
@@ -86,6 +89,7 @@ def write_image_folder(root, per_class: int = 24, seed: int = 0) -> None:
             image.save(root / name / (f"{i}.jpg" if i % 4 == 0 else f"{i}.png"))
 
 
+@pytest.mark.train
 def test_train_vit_on_image_folder_learns_and_saves_class_names(vit_only, tmp_path, capsys):
     write_image_folder(tmp_path / "photos")
     metrics = vit_only(["vit", "--data", str(tmp_path / "photos"), "--image-size", "12", "--epochs", "15",
@@ -100,7 +104,8 @@ def test_train_vit_on_image_folder_learns_and_saves_class_names(vit_only, tmp_pa
     model = build_model(checkpoint.config)
     model.load_state_dict(checkpoint.state_dict)
     test_x, test_y = load_image_folder(tmp_path / "photos", 12)[1]
-    assert evaluate(model, test_x, test_y, torch.device("cpu")) == metrics["accuracy"]
+    assert evaluate(model, test_x, test_y) == metrics["accuracy_one_view"]
+    assert evaluate_shifted(model, test_x, test_y) == metrics["accuracy"] and metrics["test_time_shifts"]
 
 
 def test_load_image_folder_resizes_and_keeps_grey_as_one_channel(tmp_path):
@@ -218,32 +223,6 @@ def test_train_vit_help_mentions_every_option(vit_only, capsys):
         assert option in text
 
 
-def test_random_shift_moves_content_by_at_most_one_pixel():
-    generator = torch.Generator().manual_seed(0)
-    images = torch.zeros(64, 1, 8, 8)
-    images[:, :, 4, 4] = 1.0
-    shifted = random_shift(images, generator)
-    assert shifted.shape == images.shape and torch.all(shifted.sum(dim=(1, 2, 3)) == 1.0)
-    rows, cols = shifted[:, 0].flatten(1).argmax(1).div(8, rounding_mode="floor"), shifted[:, 0].flatten(1).argmax(1) % 8
-    assert set(rows.tolist()) == {3, 4, 5} and set(cols.tolist()) == {3, 4, 5}
-
-
-def test_parameter_groups_decay_only_weight_matrices():
-    model = VisionTransformer(8, 2, 1, 10, 16, 1, 2, 32)
-    decay, no_decay = parameter_groups(model, 0.05)
-    names = {id(p): n for n, p in model.named_parameters()}
-    assert {names[id(p)] for p in no_decay["params"]} >= {"cls_token", "position_embedding", "norm.weight", "head.bias"}
-    assert all(p.dim() == 2 for p in decay["params"]) and decay["weight_decay"] == 0.05
-    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
-
-
-def test_warmup_cosine_rises_then_decays_to_zero():
-    values = [warmup_cosine(step, warmup=10, total=100) for step in range(101)]
-    assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
-    assert all(a >= b for a, b in zip(values[9:], values[10:]))
-    assert values[100] == pytest.approx(0.0, abs=1e-12)
-
-
 def test_small_cnn_output_shape():
     assert SmallCNN(3, 7)(torch.randn(2, 3, 16, 16)).shape == (2, 7)
 
@@ -266,3 +245,50 @@ def test_train_vit_mnist_offline_says_what_to_do(vit_only, monkeypatch, tmp_path
     monkeypatch.setattr(torchvision.datasets, "MNIST", offline)  # never touches the network
     with pytest.raises(ValueError, match=r"could not load mnist .*go online once.*--dataset digits"):
         vit_only(["vit", "--quiet", "--dataset", "mnist", "--data-root", str(tmp_path)])
+
+
+def moved(images: torch.Tensor, down: int, right: int) -> torch.Tensor:
+    """``images`` moved by (down, right) pixels, what leaves the frame dropped and what enters it zero."""
+    out = torch.roll(images, shifts=(down, right), dims=(-2, -1))
+    if down:
+        out[..., 0 if down > 0 else -1, :] = 0
+    if right:
+        out[..., :, 0 if right > 0 else -1] = 0
+    return out
+
+
+def test_evaluate_shifted_averages_the_image_and_its_four_one_pixel_moves():
+    class Recorder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(36, 3)
+            self.seen: list[torch.Tensor] = []
+
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            self.seen.append(images.clone())
+            return self.linear(images.flatten(1))
+
+    torch.manual_seed(0)
+    images, labels = torch.randn(40, 1, 6, 6), torch.randint(0, 3, (40,))
+    model = Recorder()
+    torch.nn.init.normal_(model.linear.weight)  # predictions that differ from image to image and view to view
+    accuracy = evaluate_shifted(model, images, labels)
+    views = [moved(images, 0, 0), moved(images, 1, 0), moved(images, -1, 0), moved(images, 0, 1), moved(images, 0, -1)]
+    assert len(model.seen) == len(TEST_SHIFTS) == 5
+    assert all(any(torch.equal(seen, view) for seen in model.seen) for view in views)
+    with torch.no_grad():
+        mean = sum(model.linear(view.flatten(1)).softmax(-1) for view in views) / 5
+    single = model.linear(images.flatten(1)).argmax(-1)
+    assert len(set(mean.argmax(-1).tolist())) == 3 and not torch.equal(mean.argmax(-1), single)  # the views count
+    assert accuracy == (mean.argmax(-1) == labels).sum().item() / len(labels)
+
+
+def test_train_vit_no_tta_reports_the_image_alone(vit_only, tmp_path):
+    rng = np.random.default_rng(0)
+    labels = np.repeat([0, 1], 20)
+    images = rng.uniform(0, 0.2, size=(40, 1, 8, 8)).astype(np.float32)
+    images[labels == 0, :, :4] += 0.8
+    np.savez(tmp_path / "mine.npz", images=images, labels=labels)
+    metrics = vit_only(["vit", "--quiet", "--device", "cpu", "--data", str(tmp_path / "mine.npz"), "--epochs", "2",
+                        "--warmup-epochs", "1", "--d-model", "16", "--n-layers", "1", "--batch-size", "16", "--no-tta"])
+    assert metrics["test_time_shifts"] is False and metrics["accuracy"] == metrics["accuracy_one_view"]

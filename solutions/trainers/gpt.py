@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from solutions import distributed
 from solutions.checkpoint import save_checkpoint
 from solutions.data.text import get_batch, load_text_dataset
 from solutions.data.tokenizer import DEFAULT_BPE_VOCAB
@@ -136,39 +137,48 @@ def build_model(config: dict) -> GPT:
     return GPT(GPTConfig(**config))
 
 
-def fit(model: GPT, train: torch.Tensor, args: argparse.Namespace, device: torch.device) -> tuple[int, float]:
-    """AdamW with warmup + cosine (over steps or the time budget, whichever ends first), clipping; (steps, seconds)."""
+def fit(model: GPT, train: torch.Tensor, args: argparse.Namespace, device: torch.device) -> tuple[list[float], float]:
+    """AdamW with warmup + cosine (over steps or the time budget, whichever ends first), clipping; (the loss of
+    every step, seconds). Every process draws the same windows and trains on its micro-batches of them."""
+    world = args.world
     optimizer = torch.optim.AdamW(parameter_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
     generator = torch.Generator().manual_seed(args.seed)
+    pieces = world.micro_batches(args.batch_size, args.accumulation_steps)
+    trained = world.wrap(model)
     start = time.perf_counter()
     bar = tqdm(total=args.steps, disable=args.quiet, desc="gpt", unit="step")
-    step, smoothed = 0, None
-    while step < args.steps:
-        elapsed = time.perf_counter() - start
-        if elapsed > args.time_budget:
-            break
+    losses: list[float] = []
+    elapsed, smoothed = 0.0, None  # elapsed: the processes' mean, the same number on every process
+    while len(losses) < args.steps and elapsed <= args.time_budget:
+        step = len(losses)
         progress = max(step / args.steps, elapsed / args.time_budget)
         for group in optimizer.param_groups:
             group["lr"] = args.lr * lr_factor(progress, step, args.warmup)
         x, y = get_batch(train, args.batch_size, args.block_size, generator)
-        loss = F.cross_entropy(model(x.to(device)).flatten(0, 1), y.flatten().to(device))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        mine = 0.0
+        for i, rows in enumerate(pieces):
+            with world.gradient_sync(trained, sync=i == len(pieces) - 1):
+                loss = F.cross_entropy(trained(x[rows].to(device)).flatten(0, 1), y[rows].flatten().to(device))
+                (loss / len(pieces)).backward()  # equal micro-batches: each is 1/len(pieces) of this process's
+            mine += loss.item() / (len(pieces) * world.size)
+        batch_loss, elapsed = world.sum(mine, time.perf_counter() - start)
+        elapsed /= world.size
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        step += 1
-        smoothed = loss.item() if smoothed is None else 0.95 * smoothed + 0.05 * loss.item()
+        losses.append(batch_loss)
+        smoothed = batch_loss if smoothed is None else 0.95 * smoothed + 0.05 * batch_loss
         bar.update(1)
         bar.set_postfix(loss=f"{smoothed:.3f}")
     bar.close()
-    return step, time.perf_counter() - start
+    return losses, time.perf_counter() - start
 
 
 def print_samples(model: GPT, data, args: argparse.Namespace, device: torch.device) -> None:
-    """``--samples`` continuations of the start of the held-out text, with the KV cache."""
-    prompt_text = data.vocab.decode(data.val[:1])
+    """``--samples`` continuations of the held-out text's first token, with the KV cache."""
     for i in range(args.samples):
-        prompt = torch.tensor([data.vocab.encode(prompt_text)], device=device)
+        # The token itself, not its text: a BPE piece such as "▁" decodes to text that encodes to no token at all.
+        prompt = data.val[None, :1].to(device)
         n_new = min(args.sample_tokens, model.config.max_len - prompt.shape[1])
         out = generate(model, prompt, n_new, temperature=args.temperature, top_k=args.top_k,
                        generator=torch.Generator(device=device).manual_seed(args.seed + i))
@@ -177,23 +187,32 @@ def print_samples(model: GPT, data, args: argparse.Namespace, device: torch.devi
 
 def run(args: argparse.Namespace) -> dict:
     _check_args(args)
-    device = torch.device(args.device) if isinstance(args.device, str) else args.device
+    world, device = args.world, args.world.device
     data = load_text_dataset(args.data, args.val_fraction, args.block_size + 1, args.tokenizer, args.vocab_size)
+    world.check_same("training text", data.train)
     model = build_model(model_config(args, len(data.vocab))).to(device)
+    distributed.reseed(world, args.seed)
     n_params = sum(p.numel() for p in model.parameters())
     unit = "characters" if args.tokenizer == "char" else "BPE tokens"
     if not args.quiet:
         print(f"{len(data.train):,} training / {len(data.val):,} held-out {unit} (the held-out tail is never "
               f"trained on), vocab {len(data.vocab)}, {n_params:,} parameters")
-    step, train_seconds = fit(model, data.train, args, device)
+    losses, train_seconds = fit(model, data.train, args, device)
+    if not world.is_main:
+        return {}  # rank 0 evaluates, samples and writes
 
     val_loss = evaluate(model, data.val, args.block_size, args.eval_chars)
     per = "char" if args.tokenizer == "char" else "token"
     print(f"val_loss {val_loss:.3f} nats/{per} (unigram baseline {data.unigram_loss:.3f}) "
-          f"after {step} steps in {train_seconds:.0f} s")
+          f"after {len(losses)} steps in {train_seconds:.0f} s"
+          + (f" on {world.size} processes" if world.size > 1 else ""))
     print_samples(model, data, args, device)
-    metrics = {"val_loss": val_loss, "unigram_loss": data.unigram_loss, "steps": step,
-               "train_seconds": round(train_seconds, 1), "tokenizer": args.tokenizer}
+    metrics = {"val_loss": val_loss, "unigram_loss": data.unigram_loss, "steps": len(losses),
+               "train_seconds": round(train_seconds, 1), "tokenizer": args.tokenizer, "world_size": world.size,
+               "accumulation_steps": args.accumulation_steps}
+    if args.loss_log is not None:
+        args.loss_log.parent.mkdir(parents=True, exist_ok=True)
+        args.loss_log.write_text("".join(f"{loss!r}\n" for loss in losses))
     if args.out is not None:
         source = "the embedded text" if args.data is None else str(args.data)
         path = save_checkpoint(args.out, kind=KIND, config=asdict(model.config), model=model, metrics=metrics,

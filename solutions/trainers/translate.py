@@ -26,8 +26,10 @@ import torch
 from sacrebleu.metrics import BLEU, CHRF
 from tqdm.auto import tqdm
 
+from solutions import distributed
 from solutions.checkpoint import save_checkpoint
-from solutions.data.tokenizer import DEFAULT_BPE_VOCAB, TOKENIZER_KINDS, Tokenizer, train_tokenizer
+from solutions.data.tokenizer import (DEFAULT_BPE_VOCAB, TOKENIZER_KINDS, Tokenizer, tokenizer_from_dict,
+                                     train_tokenizer)
 from solutions.data.translation import TextPair, TextSplits, number_text_splits, pad_batch, read_tsv, split_text_pairs
 from solutions.losses import label_smoothed_cross_entropy
 from solutions.schedule import noam_scheduler
@@ -147,64 +149,97 @@ def evaluate(translator: Translator, pairs: list[TextPair], beam: int = 1) -> tu
 
 
 def train_steps(model: Transformer, data: tuple[torch.Tensor, torch.Tensor, torch.Tensor], args: argparse.Namespace,
-                pad_id: int) -> tuple[int, float]:
-    """The training loop; returns (steps done, seconds)."""
+                pad_id: int) -> tuple[list[float], float]:
+    """The training loop; returns (the loss of every step, seconds).
+
+    Every process draws the same global batch and trains on its micro-batches of it (all of it in a world of one).
+    The loss is a mean over target tokens, so each micro-batch's loss is weighted by its share of the global
+    batch's tokens: the weighted losses of all processes add up to the loss of the global batch.
+    """
+    world = args.world
     src_all, tgt_in_all, labels_all = data
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     scheduler = noam_scheduler(optimizer, args.d_model, args.warmup, args.lr_factor)
     generator = torch.Generator().manual_seed(args.seed)
-    model.train()
-    start, steps = time.perf_counter(), 0
+    pieces = world.micro_batches(args.batch_size, args.accumulation_steps)
+    trained = world.wrap(model)
+    trained.train()
+    start, losses = time.perf_counter(), []
     progress = tqdm(range(args.steps), desc="translate", disable=args.quiet)
     for step in progress:
         index = torch.randint(len(src_all), (args.batch_size,), generator=generator).to(src_all.device)
-        src, tgt_in, labels = src_all[index], tgt_in_all[index], labels_all[index]
-        # Trim the columns that are padding in the whole batch: less work, same loss.
-        src = src[:, : int((src != pad_id).sum(1).max())]
-        width = int((labels != pad_id).sum(1).max())
-        tgt_in, labels = tgt_in[:, :width], labels[:, :width]
-        logits = model(src, tgt_in)
-        loss = label_smoothed_cross_entropy(logits, labels, args.label_smoothing, ignore_index=pad_id)
-        if not math.isfinite(loss.item()):
-            raise ValueError(f"the loss became {loss.item()} at step {step}; lower --lr-factor or raise --warmup")
+        tokens = int((labels_all[index] != pad_id).sum())
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        mine = 0.0
+        for i, rows in enumerate(pieces):
+            src, tgt_in, labels = src_all[index[rows]], tgt_in_all[index[rows]], labels_all[index[rows]]
+            # Trim the columns that are padding in the whole micro-batch: less work, same loss.
+            src = src[:, : int((src != pad_id).sum(1).max())]
+            width = int((labels != pad_id).sum(1).max())
+            tgt_in, labels = tgt_in[:, :width], labels[:, :width]
+            share = int((labels != pad_id).sum()) / tokens
+            with world.gradient_sync(trained, sync=i == len(pieces) - 1):
+                loss = label_smoothed_cross_entropy(trained(src, tgt_in), labels, args.label_smoothing,
+                                                    ignore_index=pad_id)
+                # DistributedDataParallel averages the processes' gradients: undo its division by their number.
+                (loss * (share * world.size)).backward()
+            mine += loss.item() * share
+        batch_loss, elapsed = world.sum(mine, time.perf_counter() - start)
+        if not math.isfinite(batch_loss):
+            raise ValueError(f"the loss became {batch_loss} at step {step}; lower --lr-factor or raise --warmup")
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_norm)
         optimizer.step()
         scheduler.step()
-        steps = step + 1
+        losses.append(batch_loss)
         if step % 50 == 0:
-            progress.set_postfix(loss=f"{loss.item():.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
-        if args.time_budget is not None and time.perf_counter() - start > args.time_budget:
+            progress.set_postfix(loss=f"{batch_loss:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
+        # Every process stops at the same step: the time is the processes' mean, known to all of them.
+        if args.time_budget is not None and elapsed / world.size > args.time_budget:
             break
     progress.close()
-    return steps, time.perf_counter() - start
+    return losses, time.perf_counter() - start
 
 
 def run(args: argparse.Namespace) -> dict:
     _check_args(args)
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device) if not isinstance(args.device, torch.device) else args.device
+    world, device = args.world, args.world.device
     splits = load_splits(args)
     kind = args.tokenizer or ("bpe" if args.data is not None else "word")
-    src_tok, tgt_tok = make_tokenizers(kind, splits.train, args.vocab_size)
+    if world.is_main:
+        src_tok, tgt_tok = make_tokenizers(kind, splits.train, args.vocab_size)
+    # Every process needs rank 0's vocabularies (and the model's sizes that follow from them).
+    saved = world.broadcast([src_tok.to_dict(), tgt_tok.to_dict()] if world.is_main else None)
+    if not world.is_main:
+        src_tok, tgt_tok = (tokenizer_from_dict(state) for state in saved)
     vocab = (f"{len(src_tok)} pieces shared by source and target" if src_tok is tgt_tok
              else f"{len(src_tok)} source / {len(tgt_tok)} target tokens")
     if not args.quiet:
         print(f"data: {splits.description}\ntokenizer: {kind}, {vocab} (learnt from the training pairs only)")
     config = model_config(args, src_tok, tgt_tok, splits.train)
     model = build_model(config).to(device)
+    distributed.reseed(world, args.seed)
     src_all, tgt_all = encode_pairs(splits.train, src_tok, tgt_tok)
+    world.check_same("training pairs", src_all, tgt_all)
     tgt_in_all, labels_all = teacher_forcing(tgt_all, tgt_tok.bos_id, tgt_tok.eos_id, tgt_tok.pad_id)
-    steps, train_seconds = train_steps(model, (src_all.to(device), tgt_in_all.to(device), labels_all.to(device)),
-                                       args, tgt_tok.pad_id)
+    losses, train_seconds = train_steps(model, (src_all.to(device), tgt_in_all.to(device), labels_all.to(device)),
+                                        args, tgt_tok.pad_id)
+    if not world.is_main:
+        return {}  # rank 0 evaluates and writes
 
     translator = Translator(model, src_tok, tgt_tok)
     metrics, predictions = evaluate(translator, splits.test)
-    print(f"trained {steps} steps in {train_seconds:.0f} s; held-out test ({len(splits.test)} pairs, never trained "
-          f"on): exact match {metrics['exact_match']:.1%}, BLEU {metrics['bleu']:.1f}, chrF {metrics['chrf']:.1f}")
+    metrics.update(steps=len(losses), train_seconds=round(train_seconds, 1), world_size=world.size,
+                   accumulation_steps=args.accumulation_steps)
+    print(f"trained {len(losses)} steps in {train_seconds:.0f} s"
+          + (f" on {world.size} processes" if world.size > 1 else "")
+          + f"; held-out test ({len(splits.test)} pairs, never trained on): exact match "
+            f"{metrics['exact_match']:.1%}, BLEU {metrics['bleu']:.1f}, chrF {metrics['chrf']:.1f}")
     if not args.quiet:
         print(f"BLEU signature: {metrics['bleu_signature']}\nchrF signature: {metrics['chrf_signature']}")
+    if args.loss_log is not None:
+        args.loss_log.parent.mkdir(parents=True, exist_ok=True)
+        args.loss_log.write_text("".join(f"{loss!r}\n" for loss in losses))
     if args.out is not None:
         data = {"source": str(args.data) if args.data is not None else "embedded numbers", "tokenizer": kind,
                 "description": splits.description, "seed": args.seed, "train_pairs": len(splits.train),

@@ -6,7 +6,11 @@ Default: the embedded 8×8 digits (no download), 4×4 = 16 patches of 2×2 pixel
 (``DIR/<class>/<image>``, any size, resized to ``--image-size``), and
 ``--data FILE.npz`` on your arrays ``images`` (N, C, H, W) or (N, H, W) and
 ``labels`` (N,). Both hold out a stratified 20% of each class for the test
-accuracy, never trained on.
+accuracy, never trained on. The training loop is chapter 5's, :func:`solutions.cnn.fit`
+(the same for the ViT and the CNN, and under ``torchrun``). A test image is classified
+by the mean softmax over it and its four one-pixel moves (:func:`evaluate_shifted`,
+test-time augmentation; ``--no-tta``: the image alone); the accuracy from the image
+alone, chapter 5's :func:`solutions.cnn.evaluate`, is reported beside it.
 
 Same names as the other trainers: ``KIND``, ``add_arguments``, ``build_model``,
 ``evaluate``, ``run``.
@@ -15,19 +19,17 @@ Same names as the other trainers: ``KIND``, ``add_arguments``, ``build_model``,
 from __future__ import annotations
 
 import argparse
-import math
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
+from solutions import distributed
 from solutions.checkpoint import save_checkpoint
-from solutions.cnn import SmallCNN, parameter_groups, random_shift, warmup_cosine
+from solutions.cnn import SmallCNN, evaluate, fit
 from solutions.data.digits import FOLDER_LAYOUT, load_digits, load_image_folder, load_npz, load_torchvision
 from solutions.vit import VisionTransformer
 
@@ -52,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the data's own size)")
     parser.add_argument("--model", choices=("vit", "cnn"), default="vit",
                         help="vit (default) or a small CNN baseline, to compare inductive biases")
-    parser.add_argument("--epochs", type=int, default=100, help="passes over the training set (default: 100)")
+    parser.add_argument("--epochs", type=int, default=150, help="passes over the training set (default: 150)")
     parser.add_argument("--time-budget", type=float, default=105.0,
                         help="stop training after this many seconds even if epochs remain (default: 105; 0 = none)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per step (default: 64)")
@@ -63,7 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="linear warm-up length before the cosine decay (default: 3)")
     parser.add_argument("--label-smoothing", type=float, default=0.1,
                         help="cross-entropy label smoothing (default: 0.1)")
-    parser.add_argument("--no-augment", action="store_true", help="turn off random ±1-pixel shifts")
+    parser.add_argument("--no-augment", action="store_true",
+                        help="turn off random ±1-pixel shifts (and the test-time ones: --no-tta)")
+    parser.add_argument("--no-tta", action="store_true",
+                        help="predict from each test image alone; by default the prediction is the mean of the "
+                             "softmax over the image and its four 1-pixel shifts (test-time augmentation), and the "
+                             "accuracy from the image alone is reported beside it")
     parser.add_argument("--patch-size", type=int, default=None,
                         help="patch side in pixels (default: 2 for images up to 16 px, else the smallest "
                              "giving at most 8×8 patches)")
@@ -114,16 +121,6 @@ def resize(
     return F.interpolate(images, size=(side, side), mode="bilinear", antialias=True, align_corners=False)
 
 
-@torch.inference_mode()
-def evaluate(model: nn.Module, images: Tensor, labels: Tensor, device: torch.device, batch_size: int = 512) -> float:
-    model.eval()
-    correct = 0
-    for start in range(0, len(images), batch_size):
-        logits = model(images[start:start + batch_size].to(device))
-        correct += (logits.argmax(-1).cpu() == labels[start:start + batch_size]).sum().item()
-    return correct / len(images)
-
-
 def model_config(args: argparse.Namespace, in_channels: int, image_size: int, n_classes: int) -> dict:
     """The model's config dict (what the checkpoint stores): ``model`` = "vit" or "cnn", then its arguments."""
     if args.model == "cnn":
@@ -132,6 +129,30 @@ def model_config(args: argparse.Namespace, in_channels: int, image_size: int, n_
     return {"model": "vit", "image_size": image_size, "patch_size": patch_size, "in_channels": in_channels,
             "n_classes": n_classes, "d_model": args.d_model, "n_layers": args.n_layers, "n_heads": args.n_heads,
             "d_mlp": args.d_mlp, "dropout": args.dropout}
+
+
+# The views of a test image whose predictions are averaged (test-time augmentation): the image and the image
+# moved by one pixel along one axis, zero-filled, as random_shift moves training images. Adding the four diagonal
+# moves gained less on the digits.
+TEST_SHIFTS = ((0, 0), (-1, 0), (1, 0), (0, -1), (0, 1))
+
+
+@torch.inference_mode()
+def evaluate_shifted(
+    model: nn.Module, images: Float[Tensor, "batch channels height width"], labels: Tensor, batch_size: int = 512
+) -> float:
+    """Accuracy of the mean softmax over each image's ``TEST_SHIFTS`` views (test-time augmentation)."""
+    model.eval()
+    device = next(model.parameters()).device
+    height, width = images.shape[-2:]
+    padded = F.pad(images, (1, 1, 1, 1))
+    correct = 0
+    for start in range(0, len(images), batch_size):
+        chunk = padded[start:start + batch_size].to(device)
+        probabilities = sum(model(chunk[..., 1 + dy:1 + dy + height, 1 + dx:1 + dx + width]).softmax(-1)
+                            for dy, dx in TEST_SHIFTS)
+        correct += (probabilities.argmax(-1).cpu() == labels[start:start + batch_size]).sum().item()
+    return correct / len(images)
 
 
 def build_model(config: dict) -> nn.Module:
@@ -158,81 +179,54 @@ def _check_args(args: argparse.Namespace) -> None:
     for name in ("epochs", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}")
-
-
-def _shorten_to_budget(schedule: dict, step: int, seconds: float, args: argparse.Namespace, total_planned: int,
-                       steps_per_epoch: int) -> None:
-    """After ``step`` steps in ``seconds``: end the cosine early when the time budget cannot hold every step."""
-    affordable = int(args.time_budget / (seconds / step))
-    if affordable < schedule["total"]:
-        schedule["total"] = max(step, affordable)
-        schedule["warmup"] = min(schedule["warmup"], max(1, schedule["total"] // 10))
-        if not args.quiet:
-            tqdm.write(f"--time-budget {args.time_budget:g} s: training {schedule['total']} of "
-                       f"{total_planned} steps ({schedule['total'] / steps_per_epoch:.1f} epochs)")
-
-
-def fit(model: nn.Module, train_x: Tensor, train_y: Tensor, args: argparse.Namespace) -> tuple[int, float]:
-    """AdamW with warmup + cosine, label smoothing, clipping, random shifts; (steps done, seconds)."""
-    optimizer = torch.optim.AdamW(parameter_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999))
-    steps_per_epoch = math.ceil(len(train_x) / args.batch_size)
-    # A mutable schedule: when the time budget cannot hold every epoch, the cosine is shortened to end in time.
-    schedule = {"warmup": max(1, int(args.warmup_epochs * steps_per_epoch)), "total": args.epochs * steps_per_epoch}
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_cosine(step, schedule["warmup"], schedule["total"])
-    )
-    generator = torch.Generator().manual_seed(args.seed)
-    start = time.perf_counter()
-    step, probe = 0, min(50, schedule["total"])
-    progress = tqdm(total=schedule["total"], desc=f"train {args.model}", unit="step", disable=args.quiet)
-    model.train()
-    while step < schedule["total"]:
-        order = torch.randperm(len(train_x), generator=generator)
-        for i in range(0, len(order), args.batch_size):
-            index = order[i:i + args.batch_size]
-            images = train_x[index] if args.no_augment else random_shift(train_x[index], generator)
-            loss = F.cross_entropy(model(images.to(args.device)), train_y[index].to(args.device),
-                                   label_smoothing=args.label_smoothing)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            progress.update()
-            if step % 10 == 0:
-                progress.set_postfix(loss=f"{loss.item():.4f}", epoch=f"{step / steps_per_epoch:.1f}")
-            if step == probe and args.time_budget:
-                _shorten_to_budget(schedule, step, time.perf_counter() - start, args,
-                                   args.epochs * steps_per_epoch, steps_per_epoch)
-                progress.total = schedule["total"]
-            if step >= schedule["total"] or (args.time_budget and time.perf_counter() - start > args.time_budget):
-                schedule["total"] = step
-                break
-    progress.close()
-    return step, time.perf_counter() - start
+    if not 0 <= args.warmup_epochs < args.epochs:
+        raise ValueError(f"--warmup-epochs must be at least 0 and fewer than --epochs {args.epochs}; "
+                         f"got {args.warmup_epochs}")
+    if args.time_budget < 0:
+        raise ValueError(f"--time-budget must be >= 0 seconds (0 = no limit); got {args.time_budget}")
 
 
 def _run(args: argparse.Namespace) -> dict:
     _check_args(args)
+    world = args.world
     (train_x, train_y), (test_x, test_y), source, classes = load_data(args)
+    world.check_same("training images", train_x, train_y)
     in_channels, image_size = train_x.shape[1], train_x.shape[-1]
     if args.threads is not None or image_size <= 16:
         torch.set_num_threads(args.threads or 1)
     config = model_config(args, in_channels, image_size, len(classes))
-    model = build_model(config).to(args.device)
+    model = build_model(config).to(world.device)
+    distributed.reseed(world, args.seed)
     n_params = sum(p.numel() for p in model.parameters())
     if not args.quiet:
         print(f"{args.model} with {n_params:,} parameters on {source}: {len(classes)} classes, "
-              f"{len(train_x)} train / {len(test_x)} test images of {in_channels}×{image_size}×{image_size}")
-    step, train_seconds = fit(model, train_x, train_y, args)
-    epochs_done = round(step / math.ceil(len(train_x) / args.batch_size), 2)
+              f"{len(train_x)} train / {len(test_x)} test images of {in_channels}×{image_size}×{image_size}"
+              + (f"; {world.size} processes" if world.size > 1 else ""))
+    steps_per_epoch = len(train_x) // min(args.batch_size, len(train_x))  # whole batches only
+    start = time.perf_counter()
+    losses = fit(model, train_x, train_y, steps=args.epochs * steps_per_epoch, batch_size=args.batch_size,
+                 lr=args.lr, weight_decay=args.weight_decay, warmup_fraction=args.warmup_epochs / args.epochs,
+                 label_smoothing=args.label_smoothing, augment=not args.no_augment, seed=args.seed,
+                 progress=not args.quiet, time_budget=args.time_budget or None, world=world,
+                 accumulation_steps=args.accumulation_steps)
+    train_seconds = time.perf_counter() - start
+    if not world.is_main:
+        return {}  # rank 0 evaluates and writes
+    epochs_done = round(len(losses) / steps_per_epoch, 2)
 
-    accuracy = evaluate(model, test_x, test_y, args.device)
-    print(f"{args.model} test accuracy: {accuracy:.2%} on {len(test_x)} held-out images "
-          f"(20% of each class, never trained on; {epochs_done} epochs, {train_seconds:.1f} s)")
-    metrics = {"accuracy": accuracy, "model": args.model, "epochs": epochs_done,
-               "train_seconds": round(train_seconds, 2), "parameters": n_params}
+    one_view = evaluate(model, test_x, test_y)
+    tta = not (args.no_tta or args.no_augment)
+    accuracy = evaluate_shifted(model, test_x, test_y) if tta else one_view
+    print(f"{args.model} test accuracy: {accuracy:.2%} on {len(test_x)} held-out images (20% of each class, never "
+          "trained on)" + (f", each the mean over the image and its 4 one-pixel moves ({one_view:.2%} from the "
+                           "image alone)" if tta else "")
+          + f"; {epochs_done} epochs in {train_seconds:.1f} s" + (f" on {world.size} processes" if world.size > 1 else ""))
+    metrics = {"accuracy": accuracy, "accuracy_one_view": one_view, "test_time_shifts": tta, "model": args.model,
+               "epochs": epochs_done, "steps": len(losses), "train_seconds": round(train_seconds, 2),
+               "parameters": n_params, "world_size": world.size, "accumulation_steps": args.accumulation_steps}
+    if args.loss_log is not None:
+        args.loss_log.parent.mkdir(parents=True, exist_ok=True)
+        args.loss_log.write_text("".join(f"{loss!r}\n" for loss in losses))
     if args.out is not None:
         data = {"source": source, "seed": args.seed, "train_images": len(train_x), "test_images": len(test_x),
                 "image_size": image_size, "in_channels": in_channels}
