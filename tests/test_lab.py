@@ -12,6 +12,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -141,11 +142,19 @@ def _terminal_run(base: str, token: str, command: str, until: re.Pattern, timeou
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
 
 
+def readme_lab_command() -> str:
+    """The self-check command the README prints for a terminal of the JupyterLab that `make lab` started."""
+    (command,) = re.findall(r"^(python -m autograder check \S+)\s+# in the lab's terminal", (ROOT / "README.md").read_text(),
+                            re.MULTILINE)
+    return command
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_start_here_self_check_command_runs_as_printed_in_the_lab_terminal(tmp_path):
-    """The command start-here prints, typed into a terminal of the JupyterLab `make lab` started, runs the
-    course's self-check (not a Python without the course); a second `make lab` starts no second server."""
+def test_readme_self_check_command_runs_as_printed_in_the_lab_terminal(tmp_path):
+    """The README's self-check command, typed into a terminal of the JupyterLab `make lab` started (opened as
+    File → New → Terminal opens it: no folder asked for), runs the course's self-check there; the command
+    start-here prints names the same notebook; a second `make lab` starts no second server."""
     work = tmp_path / "work"
     port, token = _free_port(), secrets.token_hex(16)
     runtime = tmp_path / "runtime"
@@ -169,10 +178,14 @@ def test_start_here_self_check_command_runs_as_printed_in_the_lab_terminal(tmp_p
         assert second.returncode == 0, second.stdout + second.stderr
         assert "already running" in second.stdout and f":{port}/" in second.stdout, second.stdout
 
-        command = _start_here_command(work, tmp_path)
         first = registry.CHAPTERS[0]
-        out = _terminal_run(base, token, command, re.compile(r"visible score: \d+/\d+|No module named|Traceback \(most"))
-        assert "No module named" not in out and "Traceback" not in out, out[-3000:]
+        command = readme_lab_command()
+        (printed,) = shlex.split(_start_here_command(work, tmp_path))[4:]
+        assert Path(printed) == work / shlex.split(command)[4], (printed, command)
+        out = _terminal_run(base, token, f"pwd; {command}",
+                            re.compile(r"visible score: \d+/\d+|No module named|Traceback \(most|error: "))
+        assert str(work) in [line.strip() for line in out.replace("\r", "").splitlines()], out[-3000:]  # pwd
+        assert "No module named" not in out and "Traceback" not in out and "error: " not in out, out[-3000:]
         assert f"visible score: 0/{first.points}" in out, out[-3000:]
         assert "not done yet" in out
     finally:
@@ -182,3 +195,21 @@ def test_start_here_self_check_command_runs_as_printed_in_the_lab_terminal(tmp_p
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def test_lab_terminal_opens_in_the_work_folder_where_the_server_started(tmp_path):
+    """Binder starts the server in the repository: a terminal opened there (no folder asked for) moves to the work
+    folder; one opened in a folder of its own (the launcher of a subfolder) stays there."""
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    home, server_dir, work = tmp_path / "home", tmp_path / "repo", tmp_path / "repo" / "work"
+    (work / "01_chapter").mkdir(parents=True)
+    home.mkdir()
+    rc = ROOT / "binder" / "jupyter" / "terminal.bashrc"
+    env = {"HOME": str(home), "PATH": BARE_PATH, "TDD_WORK": str(work), "TDD_SERVER_DIR": str(server_dir)}
+    for start, expected in ((server_dir, work), (work / "01_chapter", work / "01_chapter")):
+        out = subprocess.run(["bash", "--rcfile", str(rc), "-i", "-c", "pwd"], cwd=start, capture_output=True,
+                             text=True, env=env, timeout=60)
+        assert out.stdout.strip().splitlines()[-1] == str(expected), out
+    start_script = (ROOT / "binder" / "start").read_text()
+    assert "TDD_WORK=" in start_script and "TDD_SERVER_DIR=" in start_script
