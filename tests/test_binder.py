@@ -186,3 +186,26 @@ def test_student_config_validates_as_the_grader_runs_notebooks():
     manager = ValidateKernelManager(kernel_name="python3")
     command, kw = asyncio.run(manager._async_pre_start_kernel(env={"HOME": "/nowhere", QUICK_ENV: "0"}))
     assert kw["env"][QUICK_ENV] == "1" and kw["env"]["HOME"] == "/nowhere" and command
+
+
+def test_browser_steps_wrong_notebook_fails_one_exercise_with_a_hint_wider_than_the_dialog(tmp_path):
+    """tests/browser_steps.py validates a chapter-1 notebook that is finished but for softmax: its softmax fails
+    the check with a hint of more than 150 characters (one line, that the dialog must wrap)."""
+    import nbformat
+
+    import browser_steps
+    from autograder import registry
+    from autograder.checks import attention
+    from autograder.checks.core import CheckFailed
+
+    first = registry.CHAPTERS[0]
+    nb = nbformat.read(browser_steps.wrong_chapter_notebook(first.release_path(), first.source_path(),
+                                                            tmp_path / first.notebook), as_version=4)
+    solutions = {c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells
+                 if c.metadata.get("nbgrader", {}).get("solution")}
+    assert len(solutions) == len(first.exercises) and not [s for s in solutions.values() if "NotImplementedError" in s]
+    namespace: dict = {}
+    exec(compile("import torch\n" + solutions["softmax_solution"], "<cell>", "exec"), namespace)  # noqa: S102
+    with pytest.raises(CheckFailed) as err:
+        attention.run("softmax", namespace["softmax"])
+    assert len(str(err.value)) > 150 and "\n" not in str(err.value), str(err.value)
