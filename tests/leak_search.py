@@ -40,6 +40,7 @@ import io
 import os
 import signal
 import sys
+import tempfile
 import time
 import types
 import warnings
@@ -577,12 +578,12 @@ def search(chapter_id: str, recordings: Path | None = None,
     found = Found()
     answer_files = tuple(str(path) for module, path in publish._library_modules(ROOT).items()
                          if module in withheld_modules(chapter_id))
-    previous = os.getcwd()
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    torch.set_num_threads(1)
-    scratch = Path(os.environ.get("TMPDIR", "/tmp"))
+    previous, threads, backend = os.getcwd(), torch.get_num_threads(), os.environ.get("MPLBACKEND")
+    os.environ["MPLBACKEND"] = "Agg"  # a given plotting function called here opens no window
+    torch.set_num_threads(1)  # the checks use tiny tensors
+    scratch = tempfile.TemporaryDirectory(prefix="tdd-leak-search-")
     try:
-        os.chdir(scratch)  # what a candidate writes lands outside the repository
+        os.chdir(scratch.name)  # what a candidate writes lands there
         candidates = [c for c in candidates_for(chapter_id, recordings, found.skipped) if only(c)]
         own = {name: [c for c in found_own if only(c)] for name, found_own in
                own_candidates(chapter, found.skipped, _bug_fixes().get(chapter_id, {})).items()}
@@ -604,4 +605,10 @@ def search(chapter_id: str, recordings: Path | None = None,
                     found.near.append(where)
     finally:
         os.chdir(previous)
+        scratch.cleanup()
+        torch.set_num_threads(threads)
+        if backend is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = backend
     return found
