@@ -25,18 +25,22 @@ Each candidate whose signature fits an exercise of C is judged by that exercise'
 case, three fresh seeds, in this process as tests/test_mutants.py does), with the no-delegation guard
 watching the withheld modules as in the grader. A candidate that passes is a leak; one that passes every case
 but those in which the reference itself raises an error (the checks of bad input) is a near leak: an answer
-but for its ``ValueError`` s.
+but for its ``ValueError`` s. And each function of one argument of the edition's checks modules is called as
+the checks call their helpers, with a case's inputs: one that returns the reference's output for every hidden
+case and seed is a leak too (the checks' code computing an answer, such as an expected size).
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import dataclasses
 import functools
 import importlib
 import inspect
 import io
+import math
 import os
 import signal
 import sys
@@ -395,6 +399,15 @@ def edition_modules(withheld: dict[str, str], recordings: Path | None = None) ->
     return loaded
 
 
+def _one_argument(fn: Any) -> bool:
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    required = [p for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return len(required) == 1 and required[0].kind in (required[0].POSITIONAL_ONLY, required[0].POSITIONAL_OR_KEYWORD)
+
+
 def module_candidates(name: str, module: types.ModuleType) -> list[Candidate]:
     """The functions and classes ``module`` defines, and the static and class methods of those classes."""
     found = []
@@ -491,6 +504,7 @@ class Trial:
         self.check, self.reference, self.answer_files = check, reference, answer_files
         self.limits: dict[str, float] = {}
         self._errors: list[str] | None = None
+        self._expected: dict[tuple[str, int], Any] = {}
 
     @property
     def errors(self) -> list[str]:
@@ -498,6 +512,43 @@ class Trial:
         if self._errors is None:
             self._errors = _error_cases(self.check, self.reference)
         return self._errors
+
+    def expected(self, case: core.Case, seed: int) -> Any:
+        """The reference's ``out`` for the case at ``seed`` (None when its probe gives no ``out``)."""
+        key = (case.name, seed)
+        if key not in self._expected:
+            try:
+                with _quiet():
+                    outputs = core.local_probe(self.reference, self.check.forbidden)(
+                        case, case.inputs(torch.Generator().manual_seed(seed))).outputs
+                self._expected[key] = outputs.get("out")
+            except core.ProbeError:
+                self._expected[key] = None
+        return self._expected[key]
+
+    def computes_answer(self, fn: Any) -> bool | None:
+        """Whether ``fn``, called with a case's inputs (as a checks module calls its helpers), returns the reference's
+        output for them, for every hidden case and seed whose probe gives one (three or more, with two different
+        answers among them); None when it ran past the time limit."""
+        compared, answers = 0, set()
+        try:
+            with _quiet(), _time_limit(TIME_LIMIT):
+                for case in self.check.cases("hidden"):
+                    for seed in core.notebook_seeds("hidden", SEED)(case):
+                        expected = self.expected(case, seed)
+                        if expected is None:
+                            continue
+                        try:
+                            got = fn(copy.deepcopy(case.inputs(torch.Generator().manual_seed(seed))))
+                        except Exception:  # noqa: BLE001 — not a function of these inputs
+                            return False
+                        if not _same_value(got, expected):
+                            return False
+                        compared += 1
+                        answers.add(repr(expected)[:200])
+        except TooSlow:
+            return None
+        return compared >= 3 and len(answers) >= 2
 
     def outcome(self, obj: Any) -> str | None:
         verdict = self._judged(self.check, obj)
@@ -528,6 +579,27 @@ class Trial:
                 return judge(check, obj, self.answer_files, limit=self.limits[key])
             except TooSlow:
                 return None
+
+
+def _same_value(got: Any, expected: Any) -> bool:
+    """``got`` is ``expected``: tensors of the same shape and kind of dtype with close values, equal numbers, the
+    same containers of such."""
+    if isinstance(expected, torch.Tensor):
+        return (isinstance(got, torch.Tensor) and got.shape == expected.shape
+                and got.is_floating_point() == expected.is_floating_point() and (got.dtype == torch.bool) == (
+                    expected.dtype == torch.bool)
+                and torch.allclose(got.detach().double(), expected.detach().double(), rtol=1e-4, atol=1e-5))
+    if isinstance(expected, bool) or isinstance(got, bool):
+        return got is expected
+    if isinstance(expected, (int, float)):
+        return isinstance(got, (int, float)) and math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9)
+    if isinstance(expected, (list, tuple)):
+        return isinstance(got, (list, tuple)) and len(got) == len(expected) and all(
+            _same_value(g, e) for g, e in zip(got, expected))
+    if isinstance(expected, dict):
+        return isinstance(got, dict) and got.keys() == expected.keys() and all(
+            _same_value(got[k], expected[k]) for k in expected)
+    return got == expected
 
 
 def _has_error(value: Any) -> bool:
@@ -587,10 +659,20 @@ def search(chapter_id: str, recordings: Path | None = None,
         candidates = [c for c in candidates_for(chapter_id, recordings, found.skipped) if only(c)]
         own = {name: [c for c in found_own if only(c)] for name, found_own in
                own_candidates(chapter, found.skipped, _bug_fixes().get(chapter_id, {})).items()}
-        found.candidates = len(candidates) + sum(map(len, own.values()))
+        # the checks modules' functions of one argument, as the checks call them: with a case's inputs
+        helpers = [Candidate(f"{c.label}, called with a case's inputs", c.obj) for c in candidates
+                   if c.label.startswith("autograder.checks.") and inspect.isfunction(c.obj) and _one_argument(c.obj)
+                   and not getattr(c.obj, "recorded", False)]
+        found.candidates = len(candidates) + sum(map(len, own.values())) + len(helpers)
         checks = {name: _memoized(check) for name, check in chapter.load_checks().items()}
         for exercise in chapter.exercises:
             trial = Trial(checks[exercise.name], exercise.load_reference(), answer_files)
+            for candidate in helpers:
+                computes = trial.computes_answer(candidate.obj)
+                if computes is None:
+                    found.cut.append(f"{chapter_id}:{exercise.name}: {candidate.label}")
+                elif computes:
+                    found.leaks.append(Leak(f"{chapter_id}:{exercise.name}", candidate.label))
             for candidate in candidates + own.get(exercise.name, []):
                 if not fits(candidate.obj, trial.reference):
                     continue

@@ -14,6 +14,10 @@ its ValueErrors (a bug hunt whose printed fix gives the exercise's function with
 that checks a result and an error at once is left out whole, so a near leak may also lack what that case checks
 besides the error.
 
+A function of one argument of the edition's checks modules is also called as the checks call their helpers,
+with a case's inputs (``{"args": …, "kwargs": …}``): one that returns the reference's output for every hidden
+case and seed (three or more, with two different answers) is a leak, an answer computed by the checks' code.
+
 What "fits" means: a callable is judged for an exercise when it can be called as the exercise's reference must
 be — with the reference's required positional arguments, by position, and its required keyword-only ones, by
 name — and needs no other argument. The checks call the object at least that way, so one that does not fit
@@ -25,8 +29,8 @@ What it cannot see:
   config instead of sizes, a function that lacks one argument, or calls PyTorch's version of an earlier
   exercise where the learner's own would do): it fails the hidden checks, so it is no leak here, though a
   learner can finish it in a minute;
-* an answer in pieces a learner must assemble (a helper holding the core of a function, a formula in prose
-  or in a hint);
+* an answer in pieces a learner must assemble (a helper holding the core of a function, such as the sampling
+  distribution of a sampler that draws from it, a formula in prose or in a hint);
 * instance methods of classes that need arguments to be made, and functions nested in other functions;
 * the grader's commands (``leak_search.COMMANDS``: they take folders and processes; checked below to define
   no exercise's name);
@@ -167,3 +171,19 @@ def test_leak_search_tells_a_near_leak_from_an_answer_and_a_mistake():
     assert trial.outcome(namespace["mask_without_checks"]) == "near"
     assert trial.outcome(exercise.load_reference()) == "leak"
     assert trial.outcome(lambda seq_q, seq_k=None: torch.ones(seq_q, seq_k or seq_q, dtype=torch.bool).tril()) is None
+
+
+def test_leak_search_finds_a_checks_helper_that_computes_the_answer_from_a_case():
+    """A helper of the checks that computes what the reference returns from a case's inputs is found; one that
+    computes something else, or that is not a function of the inputs, is not."""
+    chapter = registry.CHAPTERS[0]
+    exercise = chapter.exercise("padding_mask")
+    trial = leak_search.Trial(leak_search._memoized(chapter.load_checks()[exercise.name]), exercise.load_reference(), ())
+
+    def expected_keep(inputs):
+        tokens, pad_id = inputs["args"]
+        return (tokens != pad_id)[:, None, None, :]
+
+    assert trial.computes_answer(expected_keep) is True
+    assert trial.computes_answer(lambda inputs: ~expected_keep(inputs)) is False
+    assert trial.computes_answer(lambda inputs: inputs["no such key"]) is False
