@@ -61,6 +61,7 @@ def default_edition() -> Path:
     return editions.default_edition()
 
 
+@pytest.mark.slow  # builds the default edition (once per session) and judges about a thousand candidates per chapter
 @pytest.mark.parametrize("chapter", registry.ids())
 def test_leaks_nothing_a_learner_can_reach_passes_a_hidden_check(chapter, default_edition):
     found = leak_search.search(chapter, default_edition / "autograder" / "checks" / "recorded")
@@ -73,6 +74,7 @@ def test_leaks_nothing_a_learner_can_reach_passes_a_hidden_check(chapter, defaul
             f"  {leak.exercise}: {leak.candidate}" for leak in found.near))
 
 
+@pytest.mark.slow  # builds the default edition (once per session)
 def test_leak_search_loads_the_edition_publish_writes(default_edition):
     """The search's picture of a student edition is the one `autograder publish` writes: with every answer
     withheld (as while chapter 1 is graded) its checks modules are the edition's files, its library modules

@@ -405,6 +405,7 @@ def test_publish_opens_a_chapter_once_its_prerequisites_answers_are_released():
     assert all(f"--answers {m}" in message for m in missing) and FIRST.id not in message.split("needs")[1], message
 
 
+@pytest.mark.subprocess
 def test_publish_refuses_in_one_line_a_chapter_whose_prerequisites_are_withheld(tmp_path):
     last = registry.CHAPTERS[-1]
     out = subprocess.run([sys.executable, "-m", "autograder", "publish", str(tmp_path / "student"), "--chapters", last.id],
