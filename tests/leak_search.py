@@ -68,7 +68,8 @@ SEED = 31_337
 TIME_LIMIT = 10.0
 # Modules of the edition whose functions are the grader's and the course's commands: they take folders,
 # files, argv and processes, and calling them starts processes or writes files (grading, publishing,
-# the sandbox, Jupyter's config). tests/test_leaks.py checks that none defines an exercise's name.
+# the sandbox, Jupyter's config). tests/test_leaks.py checks that none defines a function of an exercise's name
+# and parameters.
 COMMANDS = frozenset({
     "autograder.__main__", "autograder.feedback", "autograder.grade", "autograder.gradebook",
     "autograder.kernel_client", "autograder.merge", "autograder.nbgrader_config", "autograder.plan",
@@ -194,7 +195,7 @@ def _bug_fixes() -> dict[str, dict[str, list[tuple[str, str]]]]:
 _NOTEBOOKS: dict[Path, tuple[list[Candidate], list[str]]] = {}
 
 
-def notebook_candidates(chapter_id: str | None, path: Path, skipped: list[str],
+def notebook_candidates(path: Path, skipped: list[str],
                         fixes: dict[str, list[tuple[str, str]]] | None = None) -> list[Candidate]:
     """The functions and classes a notebook defines outside its solution cells, run with its imports (no
     kernel), and each bug hunt's with its fix (``fixes``: marker -> [(old, new)]). Made once per notebook."""
@@ -320,11 +321,11 @@ def own_candidates(chapter: registry.Chapter, skipped: list[str],
                      if cell.metadata.get("nbgrader", {}).get("grade_id") == f"{exercise.name}_solution"), "")
         to_write = _stub_methods(stub, exercise.target)
         for (cell, tree), how in [*((g, "") for g in given), *((f, " with the fix its folded answer gives") for f in fixed)]:
-            where = f"{relative} cell {cell.get('id')}"
-            defined = _run(_definitions(tree), dict_ := dict(ns), where, skipped)
+            where, scope = f"{relative} cell {cell.get('id')}", dict(ns)
+            defined = _run(_definitions(tree), scope, where, [])
             found.setdefault(exercise.name, []).extend(
                 Candidate(f"{relative}: {d}{how}, with the chapter's other exercises done (cell {cell.get('id')})",
-                          dict_[d]) for d in defined)
+                          scope[d]) for d in defined)
             for node in tree.body:
                 overrides = {f.name for f in getattr(node, "body", []) if isinstance(f, ast.FunctionDef)}
                 if exercise.target in _bases(node) and overrides & to_write:
@@ -632,7 +633,7 @@ def candidates_for(chapter_id: str, recordings: Path | None, skipped: list[str])
     fixes = _bug_fixes()
     found = []
     for notebook_chapter, path in open_notebooks(chapter_id):
-        found += notebook_candidates(notebook_chapter, path, skipped, fixes.get(notebook_chapter or "", {}))
+        found += notebook_candidates(path, skipped, fixes.get(notebook_chapter or "", {}))
     for name, module in edition_modules(withheld_modules(chapter_id), recordings).items():
         found += module_candidates(name, module)
     unique, seen = [], set()

@@ -147,7 +147,7 @@ def test_leak_search_finds_given_code_that_answers_an_exercise(tmp_path):
     nbformat.write(nb, path)
     skipped: list[str] = []
     fixes = {"def buggy_normalise(": [("e = x.exp()", "e = (x - x.amax(dim=dim, keepdim=True)).exp()")]}
-    candidates = leak_search.notebook_candidates(None, path, skipped, fixes)
+    candidates = leak_search.notebook_candidates(path, skipped, fixes)
     labels = [c.label for c in candidates]
     assert not skipped, skipped
     assert not [label for label in labels if ": softmax " in label], labels
