@@ -73,7 +73,10 @@ class Recorder:
         try:
             gb.find_submission(chapter.id, result["student"])
         except MissingEntry:
-            gb.add_submission(chapter.id, result["student"])
+            # nbgrader builds the submission before adding it to the session; an autoflush while it walks the
+            # assignment's notebooks would warn (SAWarning: "... not in session ...") for each new submission.
+            with gb.db.no_autoflush:
+                gb.add_submission(chapter.id, result["student"])
         for row in result["rows"]:
             try:
                 grade = gb.find_grade(f"{row['exercise']}_tests", chapter.id, chapter.id, result["student"])

@@ -17,7 +17,10 @@ A chapter is:
 * its exercises in notebook order, each with its points and the library object it is
   checked against, written ``module:attribute``. The attribute is also the name the
   learner defines in the notebook; the notebook's cells are ``<name>_solution`` and
-  ``<name>_tests``.
+  ``<name>_tests``;
+* the earlier chapters whose answers it imports (its notebook, or its answer modules):
+  a student edition opens the chapter only once their answers are released
+  (``autograder publish``), so those chapters are due before it opens.
 
 To add a chapter, follow ``docs/adding_a_chapter.md``.
 """
@@ -61,6 +64,9 @@ class Chapter:
     checks: str  # the checks module, "autograder.checks.attention"
     answers: tuple[str, ...]  # library modules holding the answers, e.g. ("solutions.attention",)
     exercises: tuple[Exercise, ...]  # in notebook order
+    # the earlier chapters whose answers this one imports directly ("01_attention_by_hand", ...);
+    # tests/test_registry.py checks them against the notebook's and the answer modules' imports
+    needs: tuple[str, ...] = ()
 
     @property
     def number(self) -> int:
@@ -124,6 +130,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         title="Multi-head attention",
         checks="autograder.checks.multihead",
         answers=("solutions.multihead",),
+        needs=("01_attention_by_hand",),
         exercises=(
             Exercise("split_heads", 1, "solutions.multihead:split_heads"),
             Exercise("merge_heads", 1, "solutions.multihead:merge_heads"),
@@ -138,6 +145,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         title="Positional encodings",
         checks="autograder.checks.positional",
         answers=("solutions.positional",),
+        needs=("01_attention_by_hand", "02_multi_head_attention"),
         exercises=(
             Exercise("sinusoidal_encoding", 2, "solutions.positional:sinusoidal_encoding"),
             Exercise("LearnedPositionalEmbedding", 2, "solutions.positional:LearnedPositionalEmbedding"),
@@ -152,6 +160,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         title="The encoder-decoder",
         checks="autograder.checks.encoder_decoder",
         answers=("solutions.transformer", "solutions.schedule", "solutions.losses", "solutions.decoding"),
+        needs=("01_attention_by_hand", "02_multi_head_attention", "03_positional_encodings"),
         exercises=(
             Exercise("teacher_forcing", 2, "solutions.transformer:teacher_forcing"),
             Exercise("DecoderLayer", 3, "solutions.transformer:DecoderLayer"),
@@ -167,6 +176,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         title="The Vision Transformer",
         checks="autograder.checks.vit",
         answers=("solutions.vit",),
+        needs=("02_multi_head_attention",),
         exercises=(
             Exercise("patchify", 2, "solutions.vit:patchify"),
             Exercise("patch_embedding_from_conv", 1, "solutions.vit:patch_embedding_from_conv"),
@@ -181,6 +191,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         title="KV-cache inference",
         checks="autograder.checks.kv_cache",
         answers=("solutions.gpt",),
+        needs=("01_attention_by_hand", "03_positional_encodings", "04_encoder_decoder"),
         exercises=(
             Exercise("KVCache", 2, "solutions.gpt:KVCache"),
             Exercise("CausalSelfAttention", 2, "solutions.gpt:CausalSelfAttention"),
@@ -247,6 +258,23 @@ def chapter_of_checks(checks_module: str) -> Chapter:
         if chapter.checks == checks_module:
             return chapter
     raise ValueError(f"no chapter uses the checks module {checks_module!r}; add it to autograder/registry.py")
+
+
+def prerequisites(chapter_id: str) -> tuple[str, ...]:
+    """Every chapter whose answers ``chapter_id`` needs, directly or through another one, in course order."""
+    found, todo = set(), list(get(chapter_id).needs)
+    while todo:
+        needed = todo.pop()
+        if needed not in found:
+            found.add(needed)
+            todo += get(needed).needs
+    return tuple(c.id for c in CHAPTERS if c.id in found)
+
+
+def dependents(chapter_id: str) -> tuple[str, ...]:
+    """Every chapter that needs the answers of ``chapter_id`` (directly or not): it cannot open before
+    ``chapter_id`` is due."""
+    return tuple(c.id for c in CHAPTERS if chapter_id in prerequisites(c.id))
 
 
 def answer_modules() -> dict[str, str]:

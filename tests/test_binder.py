@@ -94,7 +94,9 @@ def test_binder_start_fills_the_work_folder_the_badge_opens(tmp_path):
 
 
 def test_student_config_enables_only_student_nbgrader():
-    """Validate only: without an exchange (make lab, Binder) the assignment list only says "Error fetching courses!"."""
+    """Validate only: without an exchange (make lab, Binder) the assignment list only says "Error fetching courses!";
+    the Nbgrader menu, which holds only the instructor's and the exchange's items, is hidden, and so is
+    JupyterLab's question whether to fetch Jupyter news (it would also go online)."""
     server = json.loads((STUDENT_CONFIG / "jupyter_server_config.json").read_text())["ServerApp"]["jpserver_extensions"]
     assert server == {
         "nbgrader.server_extensions.assignment_list": False,
@@ -105,7 +107,7 @@ def test_student_config_enables_only_student_nbgrader():
     lab = json.loads((STUDENT_CONFIG / "labconfig" / "page_config.json").read_text())["disabledExtensions"]
     assert {k for k, v in lab.items() if v} == {
         "@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment", "@jupyter/nbgrader:course-list",
-        "@jupyter/nbgrader:assignment-list"}
+        "@jupyter/nbgrader:assignment-list", "@jupyter/nbgrader:menu", "@jupyterlab/apputils-extension:announcements"}
 
 
 @pytest.mark.subprocess
@@ -116,8 +118,9 @@ def test_student_config_effective_in_jupyterlab():
                          capture_output=True, text=True, timeout=120)
     text = out.stdout + out.stderr
     disabled = text.split("Disabled extensions:", 1)[1] if "Disabled extensions:" in text else ""
-    for plugin in ("formgrader", "create-assignment", "course-list", "assignment-list"):
+    for plugin in ("formgrader", "create-assignment", "course-list", "assignment-list", "menu"):
         assert f"@jupyter/nbgrader:{plugin}" in disabled, text[-2000:]
+    assert "@jupyterlab/apputils-extension:announcements" in disabled, text[-2000:]
     assert "@jupyter/nbgrader:validate-assignment" not in disabled
 
 
@@ -142,3 +145,67 @@ def test_student_config_terminals_keep_the_environment():
     command = config.ServerApp.terminado_settings["shell_command"]
     assert command[0] == "/bin/bash" and "-l" not in command and "--login" not in command
     assert command[1:] == ["--rcfile", str(STUDENT_CONFIG / "terminal.bashrc")]
+
+
+def _load_config(name: str):
+    from traitlets.config.loader import PyFileConfigLoader
+
+    return PyFileConfigLoader(name, path=str(STUDENT_CONFIG)).load_config()
+
+
+def test_student_config_loads_the_course_lab_extension():
+    """binder/jupyter/labextensions/tdd-course is on JupyterLab's extension path, and JupyterLab's own reader takes
+    it for a prebuilt (federated) extension whose script defines the container JupyterLab asks for its plugin."""
+    from jupyterlab_server.config import get_federated_extensions
+
+    config = _load_config("jupyter_server_config.py")
+    (path,) = config.LabApp.extra_labextensions_path
+    assert Path(path) == STUDENT_CONFIG / "labextensions"
+    found = get_federated_extensions([path])
+    assert set(found) == {"tdd-course"}, found
+    load = found["tdd-course"]["jupyterlab"]["_build"]["load"]
+    script = (Path(path) / "tdd-course" / load).read_text()
+    assert '_JUPYTERLAB["tdd-course"]' in script and '"./extension"' in script
+    assert "#validation-message pre" in script and "pre-wrap" in script  # Validate's dialog wraps long hints
+    assert "Validating" in script and ".validate-button" in script      # and its button counts the seconds
+
+
+def test_student_config_validates_as_the_grader_runs_notebooks():
+    """nbgrader's Validate in the lab: its kernel starts with TDD_QUICK=1 (short training, as the grader's kernels),
+    waits for the kernel in slices, and gives a cell 300 s (nbgrader's default of 30 s stops a training cell)."""
+    import asyncio
+
+    from autograder.kernel_client import SlicedKernelManager
+    from autograder.lab_validate import ValidateKernelManager
+    from solutions.notebook import QUICK_ENV
+
+    config = _load_config("nbgrader_config.py")
+    assert config.Execute.kernel_manager_class == "autograder.lab_validate.ValidateKernelManager"
+    assert config.Execute.timeout >= 300 and config.Execute.iopub_timeout >= 30
+    assert issubclass(ValidateKernelManager, SlicedKernelManager)
+    manager = ValidateKernelManager(kernel_name="python3")
+    command, kw = asyncio.run(manager._async_pre_start_kernel(env={"HOME": "/nowhere", QUICK_ENV: "0"}))
+    assert kw["env"][QUICK_ENV] == "1" and kw["env"]["HOME"] == "/nowhere" and command
+
+
+def test_browser_steps_wrong_notebook_fails_one_exercise_with_a_hint_wider_than_the_dialog(tmp_path):
+    """tests/browser_steps.py validates a chapter-1 notebook that is finished but for softmax: its softmax fails
+    the check with a hint of more than 150 characters (one line, that the dialog must wrap)."""
+    import nbformat
+
+    import browser_steps
+    from autograder import registry
+    from autograder.checks import attention
+    from autograder.checks.core import CheckFailed
+
+    first = registry.CHAPTERS[0]
+    nb = nbformat.read(browser_steps.wrong_chapter_notebook(first.release_path(), first.source_path(),
+                                                            tmp_path / first.notebook), as_version=4)
+    solutions = {c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells
+                 if c.metadata.get("nbgrader", {}).get("solution")}
+    assert len(solutions) == len(first.exercises) and not [s for s in solutions.values() if "NotImplementedError" in s]
+    namespace: dict = {}
+    exec(compile("import torch\n" + solutions["softmax_solution"], "<cell>", "exec"), namespace)  # noqa: S102
+    with pytest.raises(CheckFailed) as err:
+        attention.run("softmax", namespace["softmax"])
+    assert len(str(err.value)) > 150 and "\n" not in str(err.value), str(err.value)

@@ -22,10 +22,10 @@ from autograder import registry
 # chapter id -> {a substring that identifies the bug cell: [(old, new), ...] the fix}
 FIXES: dict[str, dict[str, list[tuple[str, str]]]] = {
     "01_attention_by_hand": {
-        "def buggy_scores(": [("/ q.shape[-1]", "/ math.sqrt(q.shape[-1])")],
-        "def buggy_softmax(": [("e = x.exp()", "e = (x - x.amax(dim=dim, keepdim=True)).exp()")],
+        "s = q @ k.transpose(-2, -1) / q.shape[-1]": [("/ q.shape[-1]", "/ math.sqrt(q.shape[-1])")],
+        "weights = e / e.sum(dim=-1, keepdim=True)": [("e = x.exp()", "e = (x - x.amax(dim=-1, keepdim=True)).exp()")],
         "def buggy_weights(": [("dim=-2", "dim=-1")],
-        "def buggy_causal_mask(": [(".tril()", ".tril(diagonal=seq_k - seq_q)")],
+        "m = torch.ones(seq_q, seq_k, dtype=torch.bool).tril()": [(".tril()", ".tril(diagonal=seq_k - seq_q)")],
         "def buggy_causal_attention(": [("masked_fill(mask,", "masked_fill(~mask,")],
         "def buggy_attention(": [(
             "    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)\n"
@@ -40,10 +40,11 @@ FIXES: dict[str, dict[str, list[tuple[str, str]]]] = {
             "    w = torch.softmax(s, dim=-1)\n    if mask is not None:\n        w = w * mask.any(dim=-1, keepdim=True)\n")],
     },
     "02_multi_head_attention": {
-        "def split_heads_a(": [("(d_head heads) -> batch heads seq d_head", "(heads d_head) -> batch heads seq d_head")],
-        "def merge_heads_b(": [("return x.reshape(", "return x.transpose(1, 2).reshape(")],
-        "class MultiHeadAttentionC(": [("        q = q / math.sqrt(self.d_head)\n", "")],
-        "def split_heads_d(": [(
+        "(d_head heads) -> batch heads seq d_head": [("(d_head heads) -> batch heads seq d_head",
+                                                      "(heads d_head) -> batch heads seq d_head")],
+        "back = heads.reshape(2, 5, 12)": [("heads.reshape(", "heads.transpose(1, 2).reshape(")],
+        "def fast_attention_c(": [("    q = q / math.sqrt(q.shape[-1])\n", "")],
+        "x, n_heads = torch.randn(1, 3, 100), 8": [(
             "    d_head = x.shape[-1] // n_heads\n",
             "    if x.shape[-1] % n_heads:\n        raise ValueError(f'd_model={x.shape[-1]} is not divisible by "
             "n_heads={n_heads}')\n    d_head = x.shape[-1] // n_heads\n")],
@@ -56,7 +57,8 @@ FIXES: dict[str, dict[str, list[tuple[str, str]]]] = {
             "q, k, v = apply_rope(q, start_pos), apply_rope(k, start_pos), apply_rope(v, start_pos)",
             "q, k = apply_rope(q, start_pos), apply_rope(k, start_pos)")],
         "def rope_halves(": [("rotate_q, rotate_k = apply_rope, rope_halves", "rotate_q, rotate_k = apply_rope, apply_rope")],
-        "class BuggyLearned(": [("torch.arange(x.shape[1])", "torch.arange(start_pos, start_pos + x.shape[1])")],
+        "second = chunk + table(torch.arange(chunk.shape[1]))": [
+            ("table(torch.arange(chunk.shape[1]))", "table(torch.arange(start_pos, start_pos + chunk.shape[1]))")],
         "def positions_for(": [(
             "    return torch.arange(length).clamp(max=max_len - 1)",
             "    if length > max_len:\n        raise ValueError(f'{length} tokens go past max_len={max_len}')\n"

@@ -106,3 +106,30 @@ def test_makefile_installs_torch_first_with_progress():
     assert "--quiet" not in recipe and " -q " not in recipe
     assert "TORCH_INDEX" in recipe and re.search(r"^TORCH_INDEX \?= auto$", makefile, re.MULTILINE)
     assert len(re.findall(r"\[\d/4\]", recipe)) == 4  # one line per step
+
+
+def _make_dry(target: str, venv: Path) -> str:
+    """What `make TARGET` would run for a fresh .venv at ``venv`` (nothing is installed)."""
+    import subprocess
+
+    out = subprocess.run(["make", "-n", "--no-print-directory", "-C", str(ROOT), target, f"VENV={venv}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_learner_install_has_no_test_tools_and_make_test_adds_them(tmp_path):
+    """`make lab` (and `make install`) install the course without the test extra; `make test` and `make check`
+    add the test tools (pytest, Playwright, kubernetes-validate) on top."""
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {"pytest", "playwright", "kubernetes-validate"} <= {re.match(r"[\w-]+", r).group() for r in extras["test"]}
+    venv = tmp_path / "venv"
+    for target in ("lab", "install"):
+        dry = _make_dry(target, venv)
+        assert re.search(r"pip install .*-e \.$", dry, re.MULTILINE), dry
+        assert "[test]" not in dry, dry
+    for target in ("test", "check"):
+        dry = _make_dry(target, venv)
+        assert "pip install --progress-bar on -e '.[test]'" in dry, dry
+        assert dry.index("-e '.[test]'") < dry.index("-m pytest"), dry

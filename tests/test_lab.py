@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -123,21 +124,50 @@ def _terminal_run(base: str, token: str, command: str, until: re.Pattern, timeou
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
 
 
+def readme_lab_command() -> str:
+    """The self-check command the README prints for a terminal of the JupyterLab that `make lab` started."""
+    (command,) = re.findall(r"^(python -m autograder check \S+)\s+# in the lab's terminal", (ROOT / "README.md").read_text(),
+                            re.MULTILINE)
+    return command
+
+
 @pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.timeout(600)
-def test_start_here_self_check_command_runs_as_printed_in_the_lab_terminal(lab, start_here_run):
-    """The command start-here prints, typed into a terminal of the JupyterLab `make lab` started (the session's
-    ``lab``), runs the course's self-check (not a Python without the course); a second `make lab` starts no
-    second server."""
-    second = make_lab(lab["work"], None, "LAB_ARGS=--no-browser", env=lab["env"], timeout=120)
+def test_readme_self_check_command_runs_as_printed_in_the_lab_terminal(lab, start_here_run):
+    """The README's self-check command, typed into a terminal of the JupyterLab `make lab` started (the session's
+    ``lab``; opened as File → New → Terminal opens it: no folder asked for), runs the course's self-check there; the
+    command start-here prints names the same notebook; a second `make lab` starts no second server."""
+    work = lab["work"]
+    second = make_lab(work, None, "LAB_ARGS=--no-browser", env=lab["env"], timeout=120)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "already running" in second.stdout and f":{lab['port']}/" in second.stdout, second.stdout
 
-    command = _start_here_command(start_here_run)
     first = registry.CHAPTERS[0]
-    out = _terminal_run(lab["base"], lab["token"], command,
-                        re.compile(r"visible score: \d+/\d+|No module named|Traceback \(most"))
-    assert "No module named" not in out and "Traceback" not in out, out[-3000:]
+    command = readme_lab_command()
+    (printed,) = shlex.split(_start_here_command(start_here_run))[4:]
+    assert Path(printed) == Path(work) / shlex.split(command)[4], (printed, command)
+    out = _terminal_run(lab["base"], lab["token"], f"pwd; {command}",
+                        re.compile(r"visible score: \d+/\d+|No module named|Traceback \(most|error: "))
+    assert str(work) in [line.strip() for line in out.replace("\r", "").splitlines()], out[-3000:]  # pwd
+    assert "No module named" not in out and "Traceback" not in out and "error: " not in out, out[-3000:]
     assert f"visible score: 0/{first.points}" in out, out[-3000:]
     assert "not done yet" in out
+
+
+def test_lab_terminal_opens_in_the_work_folder_where_the_server_started(tmp_path):
+    """Binder starts the server in the repository: a terminal opened there (no folder asked for) moves to the work
+    folder; one opened in a folder of its own (the launcher of a subfolder) stays there."""
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    home, server_dir, work = tmp_path / "home", tmp_path / "repo", tmp_path / "repo" / "work"
+    (work / "01_chapter").mkdir(parents=True)
+    home.mkdir()
+    rc = ROOT / "binder" / "jupyter" / "terminal.bashrc"
+    env = {"HOME": str(home), "PATH": BARE_PATH, "TDD_WORK": str(work), "TDD_SERVER_DIR": str(server_dir)}
+    for start, expected in ((server_dir, work), (work / "01_chapter", work / "01_chapter")):
+        out = subprocess.run(["bash", "--rcfile", str(rc), "-i", "-c", "pwd"], cwd=start, capture_output=True,
+                             text=True, env=env, timeout=60)
+        assert out.stdout.strip().splitlines()[-1] == str(expected), out
+    start_script = (ROOT / "binder" / "start").read_text()
+    assert "TDD_WORK=" in start_script and "TDD_SERVER_DIR=" in start_script

@@ -6,6 +6,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import editions
 from autograder import publish, registry
 from autograder.kernel_client import SlicedKernelManager
 
@@ -35,13 +37,10 @@ def _in_edition(edition: Path, code: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-@pytest.fixture(scope="module")
-def edition(tmp_path_factory) -> Path:
-    dest = tmp_path_factory.mktemp("edition") / "student"
-    out = _publish(dest)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "withheld solutions.attention" in out.stdout
-    return dest
+@pytest.fixture(scope="session")
+def edition() -> Path:
+    """SESSION FIXTURE (tests/editions.py): the default student edition, built once per test process."""
+    return editions.default_edition()
 
 
 @pytest.mark.slow
@@ -135,7 +134,9 @@ def test_student_edition_runs_chapter_1_with_a_learners_answers(edition, monkeyp
 @pytest.mark.slow
 def test_publish_again_releases_a_chapters_answers_and_keeps_git(edition, tmp_path):
     dest = tmp_path / "student"
-    assert _publish(dest).returncode == 0
+    out = _publish(dest)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "withheld solutions.attention" in out.stdout and f"chapters open: {FIRST.id};" in out.stdout, out.stdout
     (dest / ".git").mkdir()
     (dest / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     out = _publish(dest, FIRST.id)
@@ -145,6 +146,10 @@ def test_publish_again_releases_a_chapters_answers_and_keeps_git(edition, tmp_pa
         assert (dest / path).read_text() == (ROOT / path).read_text()
     assert (dest / ".git" / "HEAD").is_file()
     assert json.loads((dest / publish.MARKER).read_text())["answers"] == [FIRST.id]
+    # the chapters that waited only for chapter 1's answers open with them
+    waiting = [c.id for c in registry.CHAPTERS if registry.prerequisites(c.id) == (FIRST.id,)]
+    assert waiting and all((dest / "course" / c / f"{c}.ipynb").is_file() for c in waiting)
+    assert json.loads((dest / publish.MARKER).read_text())["chapters"] == [FIRST.id, *waiting]
 
 
 @pytest.mark.slow
@@ -368,3 +373,125 @@ def test_student_edition_self_check_scores_a_withheld_chapter(tmp_path):
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"visible score: {second.points}/{second.points}" in out.stdout, out.stdout
+
+
+# --- chapter dependencies (the registry's `needs`) and what the default edition holds -------------------
+
+
+def test_registry_needs_are_the_chapters_whose_answers_a_chapter_imports():
+    """A chapter's prerequisites are the chapters whose answer modules its release notebook or its own answer
+    modules import (directly, or through another library module); each comes before it."""
+    for chapter in registry.CHAPTERS:
+        imported = publish._notebook_imports(chapter.release_path())
+        for module in chapter.answers:
+            imported |= publish.imported_modules((ROOT / Path(*module.split("."))).with_suffix(".py").read_text())
+        derived = set().union(*(publish.module_chapters(m) for m in imported if m.startswith("solutions"))) - {chapter.id}
+        assert set(registry.prerequisites(chapter.id)) == derived, chapter.id
+        assert all(registry.get(n).number < chapter.number for n in chapter.needs), chapter.id
+
+
+def test_publish_opens_a_chapter_once_its_prerequisites_answers_are_released():
+    assert publish.open_chapters(set()) == [c.id for c in registry.CHAPTERS if not registry.prerequisites(c.id)]
+    for chapter in registry.CHAPTERS:
+        released = set(registry.prerequisites(chapter.id))
+        assert chapter.id in publish.open_chapters(released)
+        assert publish.open_chapters(released, [chapter.id]) == [c for c in registry.ids() if c in released | {chapter.id}]
+    third = registry.CHAPTERS[2]
+    with pytest.raises(publish.PublishError) as err:
+        publish.open_chapters({FIRST.id}, [third.id])
+    missing = [p for p in registry.prerequisites(third.id) if p != FIRST.id]
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"chapter {third.number} ({third.id}) needs the answers of")
+    assert all(f"--answers {m}" in message for m in missing) and FIRST.id not in message.split("needs")[1], message
+
+
+@pytest.mark.subprocess
+def test_publish_refuses_in_one_line_a_chapter_whose_prerequisites_are_withheld(tmp_path):
+    last = registry.CHAPTERS[-1]
+    out = subprocess.run([sys.executable, "-m", "autograder", "publish", str(tmp_path / "student"), "--chapters", last.id],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and not (tmp_path / "student").exists()
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(f"error: chapter {last.number} ({last.id}) needs"), out.stderr
+    assert all(p in out.stderr for p in registry.prerequisites(last.id)), out.stderr
+
+
+def test_readme_due_date_order_follows_the_prerequisites():
+    """The instructor guide's table of prerequisites is the registry's, and its due-date order puts every
+    chapter after the chapters it needs."""
+    text = (ROOT / "README.md").read_text()
+    rows = dict(re.findall(r"^\| (\d) \| `\d\d_\w+` \| ([^|]*) \|", text.split("**Chapter dependencies.**")[1], re.MULTILINE))
+    for chapter in registry.CHAPTERS:
+        numbers = [str(registry.get(p).number) for p in registry.prerequisites(chapter.id)]
+        assert rows[str(chapter.number)].strip() == (", ".join(numbers) or "none"), chapter.id
+    order = re.search(r"A due-date order that works: (.+?)\.", text).group(1)
+    position = {int(n): i for i, step in enumerate(order.split(" → ")) for n in re.findall(r"\d", step)}
+    assert sorted(position) == [c.number for c in registry.CHAPTERS], order
+    for chapter in registry.CHAPTERS:
+        assert all(position[registry.get(p).number] < position[chapter.number] for p in registry.prerequisites(chapter.id))
+
+
+@pytest.mark.slow
+def test_default_student_edition_opens_what_a_learner_can_run(edition):
+    """No --answers: the edition opens start-here and the chapters that need no other chapter's answers, and
+    nothing else; each open notebook imports no withheld module but its own chapter's."""
+    marker = json.loads((edition / publish.MARKER).read_text())
+    opened = [c.id for c in registry.CHAPTERS if not registry.prerequisites(c.id)]
+    assert marker["chapters"] == opened
+    notebooks = sorted(str(p.relative_to(edition / "course")) for p in (edition / "course").rglob("*.ipynb"))
+    assert notebooks == sorted([publish.START_HERE] + [f"{c}/{c}.ipynb" for c in opened])
+    for chapter in opened:
+        imported = publish._notebook_imports(edition / "course" / chapter / f"{chapter}.ipynb")
+        assert not {m for m in imported if m in marker["withheld"]} - set(registry.get(chapter).answers)
+
+
+@pytest.mark.slow
+def test_student_edition_withheld_command_says_so_in_one_line(edition):
+    out = subprocess.run([sys.executable, "-m", "solutions.train", "--help"], cwd=edition, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(edition)})
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "solutions.train is withheld in this student edition" in out.stderr
+
+
+def _targets(makefile: str) -> set[str]:
+    return set(re.findall(r"^([a-z][\w-]*):", makefile, re.MULTILINE))
+
+
+@pytest.mark.slow
+def test_student_edition_readme_and_makefile_keep_only_what_works_there(edition):
+    """The edition's Makefile has the learners' targets only (no test, check, release, student-edition, bench:
+    nothing there to run them on), each runs there (make -n), and its README names no other target and no
+    guide it does not have."""
+    makefile = (edition / "Makefile").read_text()
+    assert _targets(makefile) == {"lab", "install", "clean-venv"}, _targets(makefile)
+    assert _targets((ROOT / "Makefile").read_text()) > _targets(makefile)
+    readme = (edition / "README.md").read_text()
+    assert set(re.findall(r"\bmake ([a-z][\w-]*)", readme)) <= _targets(makefile), readme
+    assert "Library guide" not in readme and "solutions.train" not in readme
+    for target in sorted(_targets(makefile)):
+        out = subprocess.run(["make", "-n", "--no-print-directory", target, "VENV=/nonexistent/venv"], cwd=edition,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, (target, out.stderr)
+        assert "[test]" not in out.stdout
+
+
+@pytest.mark.subprocess
+def test_student_edition_make_lab_fills_the_work_folder_and_starts_jupyterlab(edition, tmp_path):
+    """`make lab` in the edition (this environment as its .venv, JupyterLab replaced by a recorder): the work
+    folder gets the edition's chapters and JupyterLab is started on it with the lab's configuration."""
+    venv = Path(sys.prefix)
+    if not (venv / ".installed").exists():
+        pytest.skip(f"`make lab` needs the environment made by `make install` ({venv / '.installed'} is missing)")
+    copy = tmp_path / "edition"
+    shutil.copytree(edition, copy)
+    record, work = tmp_path / "record.json", tmp_path / "work"
+    recorder = ("python3 -c 'import json, os, sys; json.dump({\"env\": dict(os.environ), \"argv\": sys.argv[1:], "
+                "\"cwd\": os.getcwd()}, open(os.environ[\"LAB_RECORD\"], \"w\"))'")
+    out = subprocess.run(["make", "--no-print-directory", "-o", str(venv / ".installed"), "lab", f"VENV={venv}",
+                          f"WORK={work}", f"LAB={recorder}"], cwd=copy, capture_output=True, text=True, timeout=120,
+                         env={"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/local/bin:/usr/bin:/bin",
+                              "LANG": "C.UTF-8", "LAB_RECORD": str(record), "PYTHONPATH": str(copy)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    seen = json.loads(record.read_text())
+    assert seen["env"]["JUPYTER_CONFIG_PATH"].split(":")[0] == str(copy / "binder" / "jupyter")
+    assert Path(seen["cwd"]) == work and seen["env"]["TDD_WORK"] == str(work)
+    assert sorted(p.name for p in work.iterdir()) == sorted(p.name for p in (copy / "course").iterdir())

@@ -25,8 +25,10 @@ def test_start_here_runs_without_error(start_here_run, work_folder):
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(o.output_type != "error" for c in code for o in c.outputs)
     out = "\n".join(_text(c) for c in code)
-    assert "good_softmax: visible tests passed" in out
-    assert "wrong_softmax failed, as it should" in out  # the bad softmax is caught by the real check
+    # the wrong softmax gets its hint, PyTorch's own is refused as delegation (no answer is shown passing)
+    assert "wrong_softmax is not accepted, as it should be:\n  ✗ softmax: " in out, out
+    assert "torch.softmax is not accepted, as it should be" in out and "not accepted: your code calls torch's" in out
+    assert "python -m solutions.train --help" in out
     assert "flash attention" in out and "torch" in out
     widget_outputs = [o for c in code for o in c.outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
     assert widget_outputs, "the widget cell did not produce a widget view"

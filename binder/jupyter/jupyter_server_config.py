@@ -12,3 +12,5 @@ _rc = Path(__file__).with_name("terminal.bashrc")
 c.ServerApp.terminado_settings = {  # noqa: F821 — `c` is given by Jupyter's config loader
     "shell_command": [_shell, "--rcfile", str(_rc)] if Path(_shell).name == "bash" else [_shell],
 }
+# The course's own small JupyterLab extension (labextensions/tdd-course: Validate's progress and whole hints).
+c.LabApp.extra_labextensions_path = [str(Path(__file__).with_name("labextensions"))]  # noqa: F821
