@@ -153,13 +153,12 @@ CHAPTERS: tuple[Chapter, ...] = (
         checks="autograder.checks.encoder_decoder",
         answers=("solutions.transformer", "solutions.schedule", "solutions.losses", "solutions.decoding"),
         exercises=(
-            Exercise("teacher_forcing", 2, "solutions.transformer:teacher_forcing"),
+            Exercise("teacher_forcing", 1, "solutions.transformer:teacher_forcing"),
             Exercise("DecoderLayer", 3, "solutions.transformer:DecoderLayer"),
-            Exercise("noam_lr", 1, "solutions.schedule:noam_lr"),
             Exercise("noam_scheduler", 1, "solutions.schedule:noam_scheduler"),
             Exercise("label_smoothed_cross_entropy", 2, "solutions.losses:label_smoothed_cross_entropy"),
-            Exercise("greedy_decode", 2, "solutions.decoding:greedy_decode"),
-            Exercise("beam_search", 3, "solutions.decoding:beam_search"),
+            Exercise("greedy_search", 1, "solutions.decoding:greedy_search"),
+            Exercise("beam_search_over", 3, "solutions.decoding:beam_search_over"),
         ),
     ),
     Chapter(
