@@ -16,11 +16,19 @@ log-probability. A candidate that ends in EOS among the ``beam_size`` best of a
 step is set aside as finished, scored ``score / lp(length)`` with the GNMT length
 penalty ``lp(n) = ((5 + n) / 6) ** length_penalty`` (n = tokens including EOS;
 0 = no normalisation, larger values favour longer outputs); the live ones are the
-``beam_size`` best candidates that do not end in EOS. A source row is done once
-``beam_size`` hypotheses have finished (or after ``max_len`` steps, when its live
-ones finish as they are), and its output is the finished hypothesis with the best
-normalised score. Length normalisation applies only where finished hypotheses of
-different lengths are compared, never to the ranking of the live ones.
+``beam_size`` best candidates that do not end in EOS. Length normalisation applies
+only where finished hypotheses of different lengths are compared, never to the
+ranking of the live ones (they all have the same length). A source row is done
+when its best finished hypothesis scores at least as well as its best live one
+would if it ended now (its total log-probability over lp of its current length):
+the check of Hugging Face's ``BeamSearchScorer`` (``early_stopping=False``), made
+here against the best finished hypothesis since only one is returned. fairseq
+stops once ``beam_size`` hypotheses have finished, which can end a row on
+truncated translations before its best one finishes. With ``length_penalty > 0``
+a live hypothesis could still overtake later (Hugging Face's
+``early_stopping="never"`` waits for that); with the rule above, one beam is
+greedy decoding. After ``max_len`` steps the live hypotheses finish as they are.
+The output is the finished hypothesis with the best normalised score.
 """
 
 from __future__ import annotations
@@ -110,7 +118,8 @@ def beam_search_over(decoder: Decoder, beam_size: int, max_len: int, bos_id: int
     tokens = torch.full((batch * beam, 1), bos_id, dtype=torch.long, device=device)
     scores = torch.full((batch, beam), float("-inf"), device=device)
     scores[:, 0] = 0.0  # the beams start as copies of one prefix: keep one, or the first top-k repeats it
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]  # (normalised score, tokens)
+    best = torch.full((batch,), float("-inf"), device=device)  # each row's best finished normalised score
+    best_tokens: list[list[int]] = [[] for _ in range(batch)]
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     for step in range(1, max_len + 1):
         log_probs = decoder.log_probs(tokens).view(batch, beam, -1)
@@ -119,9 +128,11 @@ def beam_search_over(decoder: Decoder, beam_size: int, max_len: int, bos_id: int
         top, index = (scores[..., None] + log_probs).view(batch, beam * vocab).topk(2 * beam, dim=-1)
         parent, token = index // vocab, index % vocab
         ends = token == eos_id
+        normalised = top / _length_penalty(step, length_penalty)
         for b, rank in (ends[:, :beam] & top[:, :beam].isfinite() & ~done[:, None]).nonzero().tolist():
-            hypothesis = tokens[b * beam + parent[b, rank], 1:].tolist()
-            finished[b].append((top[b, rank].item() / _length_penalty(step, length_penalty), hypothesis))
+            if normalised[b, rank] > best[b]:  # a finished hypothesis, set aside: is it the row's best?
+                best[b] = normalised[b, rank]
+                best_tokens[b] = tokens[b * beam + parent[b, rank], 1:].tolist()
         # The live beams: the best `beam` candidates that do not end in EOS, in rank order.
         live = torch.where(ends, 2 * beam, torch.arange(2 * beam, device=device)).argsort(dim=-1, stable=True)
         live = live[:, :beam]
@@ -129,16 +140,16 @@ def beam_search_over(decoder: Decoder, beam_size: int, max_len: int, bos_id: int
         rows = (torch.arange(batch, device=device)[:, None] * beam + parent).view(-1)
         tokens = torch.cat([tokens[rows], token.view(-1, 1)], dim=1)
         decoder.reorder(rows)  # each beam continues its parent's state
-        done |= torch.tensor([len(found) >= beam for found in finished], device=device)
+        # Done when the best finished one beats the best live one as it stands (Hugging Face's check).
+        done |= best >= scores.amax(dim=-1) / _length_penalty(step, length_penalty)
         if done.all():
             break
     for b in (~done).nonzero().flatten().tolist():  # max_len reached: the live hypotheses finish as they are
         for j in range(beam):
-            if scores[b, j].isfinite():
-                hypothesis = tokens[b * beam + j, 1:].tolist()
-                finished[b].append((scores[b, j].item() / _length_penalty(len(hypothesis), length_penalty),
-                                    hypothesis))
-    return [max(found, key=lambda h: h[0])[1] for found in finished]
+            value = scores[b, j] / _length_penalty(max_len, length_penalty)
+            if value.isfinite() and value > best[b]:
+                best[b], best_tokens[b] = value, tokens[b * beam + j, 1:].tolist()
+    return best_tokens
 
 
 # --- the library's entry points: a model and a batch of sources --------------------------------------------------

@@ -63,6 +63,7 @@ def test_label_smoothing_mistakes_are_named(name, words):
     ("beam_length_without_eos", "the length in the penalty leaves out EOS"),
     ("beam_kept_in_beam", "finished hypotheses stay in the beam"),
     ("beam_top_k_only", "take the 2·beam_size best"),
+    ("beam_k_finished", "once beam_size hypotheses had finished"),
 ])
 def test_a_stated_rule_is_checked_visibly_and_its_hint_names_that_mistake(name, words):
     hint = _visible_hint(name)

@@ -963,7 +963,7 @@ def _beam_row(model: LookupModel, src: Tensor, row: int, beam: int, max_len: int
     live = [(0.0, [bos])] * (beam if bug == "all_start_zero" else 1)
     finished: list[tuple[float, list[int]]] = []  # (normalised score, tokens without BOS and EOS)
     eos_length = 0 if bug == "length_without_eos" else 1
-    alpha_finished = 0.0 if bug == "no_length_penalty" else alpha  # no_length_penalty: compared by total score
+    alpha = 0.0 if bug == "no_length_penalty" else alpha  # no_length_penalty: compared by total log-probability
     for step in range(1, max_len + 1):
         candidates = []
         for score, tokens in live:
@@ -976,13 +976,16 @@ def _beam_row(model: LookupModel, src: Tensor, row: int, beam: int, max_len: int
         for rank, (score, tokens) in enumerate(candidates[: beam if bug == "top_k_only" else 2 * beam]):
             if tokens[-1] == eos:
                 if rank < beam:
-                    finished.append((_normalised(score, step - 1 + eos_length, alpha_finished), tokens[1:-1]))
+                    finished.append((_normalised(score, step - 1 + eos_length, alpha), tokens[1:-1]))
             elif len(live) < beam:
                 live.append((score, tokens))
-        if len(finished) >= (1 if bug == "first_finished" else beam):
+        best = max((value for value, _ in finished), default=-math.inf)
+        live_now = max((score for score, _ in live), default=-math.inf) / ((5.0 + step) / 6.0) ** alpha
+        if finished and (bug == "first_finished" or (len(finished) >= beam if bug == "k_finished"
+                                                     else best >= live_now)):
             break
     else:  # max_len steps: the live ones finish as they are
-        finished += [(_normalised(score, max_len, alpha_finished), tokens[1:]) for score, tokens in live]
+        finished += [(_normalised(score, max_len, alpha), tokens[1:]) for score, tokens in live]
     return max(finished, key=lambda h: h[0])[1]
 
 
@@ -1062,8 +1065,11 @@ _BEAM_MISTAKES = {
     "ends in EOS aside as finished and keep beam_size live hypotheses (the best candidates that do not end in EOS)",
     "top_k_only": "you kept the beam_size best candidates, so a candidate that ends in EOS leaves fewer live beams: "
     "take the 2·beam_size best (at most beam_size of them end in EOS) and keep the best beam_size that do not",
-    "first_finished": "a source row stopped at its first finished hypothesis: it is done once beam_size hypotheses "
-    "have finished (or after max_len steps)",
+    "first_finished": "a source row stopped at its first finished hypothesis: it is done when its best finished "
+    "hypothesis scores at least as well as its best live one would if it ended now",
+    "k_finished": "a source row stopped once beam_size hypotheses had finished (fairseq's rule) while a live one "
+    "still scored better: it is done when its best finished hypothesis scores at least as well as its best live one "
+    "would if it ended now",
 }
 
 
@@ -1151,37 +1157,44 @@ ALL = slice(None)
 # Greedy's first choice (a, p 0.5) leads nowhere likely; the runner-up (b, 0.4) ends with p 0.9: 2 beams find it.
 _GREEDY_TRAP = [(0, ALL, {"a": 0.5, "b": 0.4, "c": 0.1}), (1, "a", {"c": 0.3, "E": 0.25, "b": 0.25, "d": 0.2}),
                 (1, "b", {"E": 0.9, "c": 0.1}), (slice(2, None), ALL, {"E": 0.9, "d": 0.1})]
-# The empty output is the most probable (EOS first, p 0.45); "a c d" (p 0.35) has the best normalised score.
-_LONGER_WINS = [(0, ALL, {"E": 0.45, "a": 0.4, "b": 0.15}), (1, "a", {"c": 0.95, "d": 0.05}),
-                (1, "b", {"d": 0.6, "c": 0.4}), (2, "c", {"d": 0.95, "a": 0.05}), (2, "d", {"a": 0.5, "b": 0.5}),
-                (3, "d", {"E": 0.97, "b": 0.03}), (3, "a", {"b": 0.6, "c": 0.4}), (3, "b", {"c": 0.7, "a": 0.3}),
+# "" (EOS first, p 0.3) is more probable than "a c d" (p 0.27), which has the better normalised score; "a" leads
+# all the way, so the row goes on until "a c d" has finished.
+_LONGER_WINS = [(0, ALL, {"a": 0.5, "E": 0.3, "b": 0.2}), (1, "a", {"c": 0.8, "E": 0.12, "d": 0.08}),
+                (2, "c", {"d": 0.8, "E": 0.12, "a": 0.08}), (3, "d", {"E": 0.85, "b": 0.15}),
                 (slice(4, None), ALL, {"E": 0.9, "a": 0.1})]
-# EOS comes second at the first step (p 0.3): set aside, it must not take the place of b (p 0.28), whose "b d"
-# ends with p 0.99 · 0.99 and wins.
+# EOS set aside, it must not take the place of b (p 0.28), whose "b d" ends with p 0.99 · 0.99 and wins.
 _SET_ASIDE = [(0, ALL, {"a": 0.42, "E": 0.3, "b": 0.28}), (1, "a", {"c": 0.55, "E": 0.45}),
               (1, "b", {"d": 0.99, "a": 0.01}), (2, "d", {"E": 0.99, "c": 0.01}), (2, "c", {"E": 0.9, "a": 0.1}),
               (slice(3, None), ALL, {"E": 0.9, "b": 0.1})]
-# The length counts EOS: "" (p 0.45, 1 token) beats "a c d" (p 0.29, 4 tokens); without EOS, 0 against 3 would
-# reverse it.
-_EOS_COUNTS = [(0, ALL, {"E": 0.45, "a": 0.4, "b": 0.15}), (1, "a", {"c": 0.9, "d": 0.1}),
-               (1, "b", {"d": 0.6, "c": 0.4}), (2, "c", {"d": 0.9, "a": 0.1}), (2, "d", {"a": 0.5, "b": 0.5}),
-               (3, "d", {"E": 0.9, "b": 0.1}), (3, "a", {"b": 0.6, "c": 0.4}), (3, "b", {"c": 0.7, "a": 0.3}),
+# The length counts EOS: "" (p 0.3, 1 token) beats "a c d" (p 0.155, 4 tokens); counted without EOS, 0 tokens
+# against 3 would reverse it.
+_EOS_COUNTS = [(0, ALL, {"a": 0.5, "E": 0.3, "b": 0.2}), (1, "a", {"c": 0.6, "d": 0.3, "E": 0.1}),
+               (2, "c", {"d": 0.7, "E": 0.2, "a": 0.1}), (3, "d", {"E": 0.74, "b": 0.26}),
                (slice(4, None), ALL, {"E": 0.9, "a": 0.1})]
-
-
 # "" finishes first (p 0.25); "a" (p 0.54) finishes next and wins: a row is not done at its first finished one.
 _NOT_THE_FIRST = [(0, ALL, {"a": 0.6, "E": 0.25, "b": 0.15}), (1, "a", {"E": 0.9, "c": 0.1}),
                   (1, "b", {"c": 0.9, "E": 0.1}), (slice(2, None), ALL, {"E": 0.9, "d": 0.1})]
 
 
+# "" (p 0.25) and "a" (p 0.24) finish first; "a c" (p 0.34) finishes later and wins: two finished hypotheses do
+# not end the row while a live one can still beat them.
+_NOT_AT_K = [(0, ALL, {"a": 0.6, "E": 0.25, "b": 0.15}), (1, "a", {"c": 0.6, "E": 0.4}),
+             (1, "b", {"d": 0.9, "E": 0.1}), (2, "c", {"E": 0.95, "d": 0.05}), (2, "d", {"E": 0.5, "c": 0.5}),
+             (slice(3, None), ALL, {"E": 0.9, "a": 0.1})]
+# "" (p 0.25) finishes first and is the best answer; kept in the beam, it is pushed out at the next step by "a c"
+# and "a d" (p 0.35 and 0.32), which never end.
+_DISPLACED = [(0, ALL, {"a": 0.7, "E": 0.25, "b": 0.05}), (1, "a", {"c": 0.5, "d": 0.45, "E": 0.05}),
+              (slice(2, None), ALL, {"a": 0.6, "b": 0.4})]
+
 def _trap_inputs(gen: torch.Generator) -> dict:
-    """Five hand-built tables, 2 beams, length_penalty 1: each a trap for one mistake (see their comments)."""
-    return _hand_built(gen, [_GREEDY_TRAP, _LONGER_WINS, _SET_ASIDE, _EOS_COUNTS, _NOT_THE_FIRST], beam=2,
-                       max_len=5, alpha=1.0)
+    """Seven hand-built tables, 2 beams, length_penalty 1: each a trap for one mistake (see their comments)."""
+    return _hand_built(gen, [_GREEDY_TRAP, _LONGER_WINS, _SET_ASIDE, _EOS_COUNTS, _NOT_THE_FIRST, _NOT_AT_K, _DISPLACED],
+                       beam=2, max_len=5, alpha=1.0)
 
 
 def _beam_exhaustive_inputs(gen: torch.Generator) -> dict:
-    alpha = [0.0, 0.6, 1.0][rand_int(gen, 0, 2)]
+    """Without length normalisation a live score only falls, so a beam as large as the search space is exact."""
+    alpha = 0.0
     inputs = _lookup_inputs(gen, max_len=3, rows=3, history=1.0)
     words = inputs["decoder"]["first"].shape[-1] - 2  # BOS and padding are never predicted
     inputs["args"] = (words**3, *inputs["args"])  # a beam as large as the search space: exact
@@ -1327,14 +1340,14 @@ CHECKS: dict[str, Check] = {
         name="beam_search_over",
         visible=(
             Case("2 beams: the translation greedy misses, finished hypotheses set aside, length normalisation with "
-                 "EOS counted, a row not done at its first finished hypothesis", _trap_inputs, "search_lookup",
-                 _judge_beam),
+                 "EOS counted, a row done when its best finished hypothesis beats every live one", _trap_inputs,
+                 "search_lookup", _judge_beam),
             Case("each beam continues its parent's state (3 beams, a model with two tokens of history), one decoder "
                  "call per step", _beam_inputs, "search_lookup", _judge_beam),
             Case("beam_size=1 equals greedy", _beam_one_inputs, "search_lookup", _judge_beam_one),
         ),
         hidden=(
-            Case("a beam as large as the search space finds the best hypothesis", _beam_exhaustive_inputs,
+            Case("a beam as large as the search space finds the most probable hypothesis", _beam_exhaustive_inputs,
                  "search_lookup", lambda i, o: _judge_beam(i, o, exhaustive=True)),
             Case("other ids, 4 beams, no length normalisation",
                  lambda g: _beam_inputs(g, beam=4, alpha=0.0, default_ids=False), "search_lookup", _judge_beam),

@@ -486,7 +486,6 @@ def _beam(decoder, beam_size, max_len, bos_id, eos_id, length_penalty=0.6, *, bu
     alpha = 0.0 if bug == "no_length_penalty" else length_penalty
     extra = 0 if bug == "length_without_eos" else 1
     width = beam if bug == "top_k_only" else 2 * beam
-    needed = 1 if bug == "first_finished" else beam
     finished = [[] for _ in range(batch)]
     done = torch.zeros(batch, dtype=torch.bool)
     for step in range(1, max_len + 1):
@@ -509,7 +508,13 @@ def _beam(decoder, beam_size, max_len, bos_id, eos_id, length_penalty=0.6, *, bu
         tokens = torch.cat([tokens[rows], token.view(-1, 1)], dim=1)
         if bug != "decoder_not_reordered":
             decoder.reorder(rows)
-        done |= torch.tensor([len(found) >= needed for found in finished])
+        for b in range(batch):
+            if not finished[b] or done[b]:
+                continue
+            if bug == "first_finished" or (bug == "k_finished" and len(finished[b]) >= beam):
+                done[b] = True
+            elif bug != "k_finished":
+                done[b] = max(v for v, _ in finished[b]) >= scores[b].max().item() / _penalty(step, alpha)
         if done.all():
             break
     for b in (~done).nonzero().flatten().tolist():
@@ -686,6 +691,9 @@ MUTANTS: list[Mutant] = [
            "top-k instead of top-2k candidates: when some end in EOS fewer than k beams stay live",
            _beam_mutant("top_k_only")),
     Mutant("beam_first_finished", "beam_search_over",
-           "a source row stops at its first finished hypothesis instead of after k of them",
+           "a source row stops at its first finished hypothesis, though a live one still scores better",
            _beam_mutant("first_finished")),
+    Mutant("beam_k_finished", "beam_search_over",
+           "fairseq's stop: a source row ends once beam_size hypotheses have finished, though a live one still scores "
+           "better (with a peaked model the finished ones are truncated translations)", _beam_mutant("k_finished")),
 ]
