@@ -169,10 +169,11 @@ CHAPTERS: tuple[Chapter, ...] = (
         exercises=(
             Exercise("patchify", 2, "solutions.vit:patchify"),
             Exercise("patch_embedding_from_conv", 1, "solutions.vit:patch_embedding_from_conv"),
-            Exercise("add_cls_and_positions", 2, "solutions.vit:add_cls_and_positions"),
+            Exercise("add_cls_and_positions", 1, "solutions.vit:add_cls_and_positions"),
             Exercise("VisionTransformer", 2, "solutions.vit:VisionTransformer"),
             Exercise("vit_parameter_count", 2, "solutions.vit:vit_parameter_count"),
             Exercise("interpolate_position_embeddings", 3, "solutions.vit:interpolate_position_embeddings"),
+            Exercise("attention_rollout", 3, "solutions.vit:attention_rollout"),
         ),
     ),
     Chapter(

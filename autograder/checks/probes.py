@@ -274,7 +274,7 @@ class _FixedDropout(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
-        if not self.training:
+        if not self.training or self.mask is None:  # no mask: this dropout is switched off
             return x
         if tuple(x.shape) != tuple(self.mask.shape):
             raise ValueError(f"self.{self.name} was applied to a tensor of shape {tuple(x.shape)}; the sub-layer "
@@ -284,9 +284,9 @@ class _FixedDropout(torch.nn.Module):
 
 def module_forward_fixed_dropout(obj: Any, inputs: dict) -> dict:
     """Build and load ``obj`` like :func:`module_forward`; replace its dropout modules named in ``inputs["masks"]``
-    (``"dropout1"``, ``"feed_forward.dropout"``...) by ones with those fixed masks, switch off the attention weights'
-    own dropout (a float ``dropout`` attribute of a submodule), and run ``forward(*args)`` in training mode. Returns
-    the output (or the error) and how often each replaced module was called."""
+    (``"dropout1"``, ``"feed_forward.dropout"``...) by ones with those fixed masks (None: no dropout), switch off the
+    attention weights' own dropout (a float ``dropout`` attribute of a submodule), and run ``forward(*args)`` in
+    training mode. Returns the output (or the error) and how often each replaced module was called."""
     module = obj(*inputs.get("init_args", ()), **inputs.get("init_kwargs", {}))
     module.load_state_dict(inputs["state"], strict=True)
     fixed = {}
