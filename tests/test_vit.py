@@ -449,3 +449,40 @@ def test_vit_mutants_are_caught_by_their_checks_not_by_the_delegation_rule():
             core.run(chapter.checks, mutant.exercise, mutant.obj, level="hidden", seed=0, quiet=True)
         assert "library's answer" not in str(err.value), f"{mutant.name}: {err.value}"
 
+
+def test_vit_checkpoint_written_under_the_old_names_keeps_loading(tmp_path):
+    """A checkpoint saved before the renaming (blocks.N.norm_attention, .attention, .norm_mlp, .mlp.up/.down and the
+    config's d_mlp), made here by renaming a new one's keys back, loads into today's model with the same logits."""
+    import re
+
+    from solutions.checkpoint import load_checkpoint, save_checkpoint
+    from solutions.trainers.vit import build_model
+
+    torch.manual_seed(4)
+    config = {"model": "vit", **SMALL}
+    model = build_model(config).eval()
+    path = save_checkpoint(tmp_path, kind="vit", config=config, model=model, vocab={"classes": list("0123456789")},
+                           metrics={})
+    saved = torch.load(path, weights_only=True)
+    old_names = ((r"^layers\.(\d+)\.norm1\.", r"blocks.\1.norm_attention."),
+                 (r"^layers\.(\d+)\.self_attn\.", r"blocks.\1.attention."),
+                 (r"^layers\.(\d+)\.norm2\.", r"blocks.\1.norm_mlp."),
+                 (r"^layers\.(\d+)\.feed_forward\.linear1\.", r"blocks.\1.mlp.up."),
+                 (r"^layers\.(\d+)\.feed_forward\.linear2\.", r"blocks.\1.mlp.down."))
+    state = {}
+    for key, value in saved["state_dict"].items():
+        for pattern, replacement in old_names:
+            key = re.sub(pattern, replacement, key)
+        state[key] = value
+    assert "blocks.1.mlp.down.weight" in state and not any(key.startswith("layers.") for key in state)
+    saved["state_dict"] = state
+    saved["config"] = {("d_mlp" if key == "d_ff" else key): value for key, value in saved["config"].items()}
+    torch.save(saved, path)
+    checkpoint = load_checkpoint(tmp_path, kind="vit")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the config comes back under today's names: no DeprecationWarning
+        restored = build_model(checkpoint.config).eval()
+    restored.load_state_dict(checkpoint.state_dict)  # strict: every key found
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(restored(images), model(images))
