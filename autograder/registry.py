@@ -162,13 +162,12 @@ CHAPTERS: tuple[Chapter, ...] = (
         answers=("solutions.transformer", "solutions.schedule", "solutions.losses", "solutions.decoding"),
         needs=("01_attention_by_hand", "02_multi_head_attention", "03_positional_encodings"),
         exercises=(
-            Exercise("teacher_forcing", 2, "solutions.transformer:teacher_forcing"),
+            Exercise("teacher_forcing", 1, "solutions.transformer:teacher_forcing"),
             Exercise("DecoderLayer", 3, "solutions.transformer:DecoderLayer"),
-            Exercise("noam_lr", 1, "solutions.schedule:noam_lr"),
             Exercise("noam_scheduler", 1, "solutions.schedule:noam_scheduler"),
             Exercise("label_smoothed_cross_entropy", 2, "solutions.losses:label_smoothed_cross_entropy"),
-            Exercise("greedy_decode", 2, "solutions.decoding:greedy_decode"),
-            Exercise("beam_search", 3, "solutions.decoding:beam_search"),
+            Exercise("greedy_search", 1, "solutions.decoding:greedy_search"),
+            Exercise("beam_search_over", 3, "solutions.decoding:beam_search_over"),
         ),
     ),
     Chapter(
@@ -180,10 +179,11 @@ CHAPTERS: tuple[Chapter, ...] = (
         exercises=(
             Exercise("patchify", 2, "solutions.vit:patchify"),
             Exercise("patch_embedding_from_conv", 1, "solutions.vit:patch_embedding_from_conv"),
-            Exercise("add_cls_and_positions", 2, "solutions.vit:add_cls_and_positions"),
+            Exercise("add_cls_and_positions", 1, "solutions.vit:add_cls_and_positions"),
             Exercise("VisionTransformer", 2, "solutions.vit:VisionTransformer"),
             Exercise("vit_parameter_count", 2, "solutions.vit:vit_parameter_count"),
             Exercise("interpolate_position_embeddings", 3, "solutions.vit:interpolate_position_embeddings"),
+            Exercise("attention_rollout", 3, "solutions.vit:attention_rollout"),
         ),
     ),
     Chapter(

@@ -22,6 +22,7 @@ saying what it found.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,18 @@ FORMAT = "transformer-deep-dive checkpoint"
 FORMAT_VERSION = 1
 FILENAME = "model.pt"
 KINDS = ("translate", "vit", "gpt")
+# Names changed since checkpoints were first written (one name per concept across the models): per kind, the config
+# keys renamed (old -> new) and the state-dict keys renamed (pattern -> replacement). A file written before keeps
+# loading: load_checkpoint renames what it finds.
+RENAMED: dict[str, tuple[dict[str, str], tuple[tuple[str, str], ...]]] = {
+    "vit": ({"d_mlp": "d_ff"}, (
+        (r"^blocks\.(\d+)\.norm_attention\.", r"layers.\1.norm1."),
+        (r"^blocks\.(\d+)\.attention\.", r"layers.\1.self_attn."),
+        (r"^blocks\.(\d+)\.norm_mlp\.", r"layers.\1.norm2."),
+        (r"^blocks\.(\d+)\.mlp\.up\.", r"layers.\1.feed_forward.linear1."),
+        (r"^blocks\.(\d+)\.mlp\.down\.", r"layers.\1.feed_forward.linear2."),
+    )),
+}
 
 
 @dataclass(frozen=True)
@@ -122,5 +135,17 @@ def load_checkpoint(path: str | Path, kind: str) -> Checkpoint:
     missing = [key for key in ("config", "state_dict", "vocab", "metrics", "data") if key not in state]
     if missing:
         raise ValueError(f"{file}: the checkpoint is incomplete, missing {missing}; retrain to write it again")
-    return Checkpoint(kind, state["config"], state["state_dict"], state["vocab"], state["metrics"], state["data"],
-                      file)
+    config, state_dict = _renamed(kind, state["config"], state["state_dict"])
+    return Checkpoint(kind, config, state_dict, state["vocab"], state["metrics"], state["data"], file)
+
+
+def _renamed(kind: str, config: dict, state_dict: dict) -> tuple[dict, dict]:
+    """``config`` and ``state_dict`` with the names of :data:`RENAMED` brought up to date (a no-op for new files)."""
+    config_names, key_patterns = RENAMED.get(kind, ({}, ()))
+    config = {config_names.get(key, key): value for key, value in config.items()}
+    renamed = {}
+    for key, value in state_dict.items():
+        for pattern, replacement in key_patterns:
+            key = re.sub(pattern, replacement, key)
+        renamed[key] = value
+    return config, renamed

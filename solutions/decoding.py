@@ -1,17 +1,34 @@
 """Chapter 4 — decoding: greedy and beam search.
 
-At inference the decoder feeds on its own outputs, one token at a time. The
-source is encoded once. With ``use_cache=True`` (the default) a
-:class:`~solutions.transformer.DecoderCache` keeps each layer's self-attention
-keys/values of the tokens so far and the cross-attention keys/values of the
-source, so a step only feeds the newest token; ``use_cache=False`` re-runs the
-decoder on the whole prefix at every step. Both give the same tokens.
+At inference the decoder feeds on its own outputs, one token at a time. As in
+fairseq and Hugging Face, the search is kept apart from the model: a
+:class:`Decoder` gives the next-token log-probabilities of a batch of target
+prefixes (the source encoded once) and follows its rows when the search reorders
+them (``reorder``: each beam continues its parent). :func:`greedy_search` and
+:func:`beam_search_over` are the searches; :func:`greedy_decode` and
+:func:`beam_search` take a model and a source batch, decode in eval mode without
+gradients, and with ``use_cache=True`` (the default) use a :class:`CachedDecoder`,
+which feeds only the newest token at each step (chapter 6); ``use_cache=False``
+re-feeds the whole prefix. Both give the same tokens.
 
-Greedy takes the most likely token at each step. Beam search keeps the
-``beam_size`` best prefixes by total log-probability and, at the end, picks
-the best finished hypothesis by ``score / lp(length)`` with the GNMT length
-penalty ``lp(n) = ((5 + n) / 6) ** length_penalty`` (0 = no normalisation;
-larger values favour longer outputs).
+Beam search keeps ``beam_size`` *live* hypotheses per source row, ranked by total
+log-probability. A candidate that ends in EOS among the ``beam_size`` best of a
+step is set aside as finished, scored ``score / lp(length)`` with the GNMT length
+penalty ``lp(n) = ((5 + n) / 6) ** length_penalty`` (n = tokens including EOS;
+0 = no normalisation, larger values favour longer outputs); the live ones are the
+``beam_size`` best candidates that do not end in EOS. Length normalisation applies
+only where finished hypotheses of different lengths are compared, never to the
+ranking of the live ones (they all have the same length). A source row is done
+when its best finished hypothesis scores at least as well as its best live one
+would if it ended now (its total log-probability over lp of its current length):
+the check of Hugging Face's ``BeamSearchScorer`` (``early_stopping=False``), made
+here against the best finished hypothesis since only one is returned. fairseq
+stops once ``beam_size`` hypotheses have finished, which can end a row on
+truncated translations before its best one finishes. With ``length_penalty > 0``
+a live hypothesis could still overtake later (Hugging Face's
+``early_stopping="never"`` waits for that); with the rule above, one beam is
+greedy decoding. After ``max_len`` steps the live hypotheses finish as they are.
+The output is the finished hypothesis with the best normalised score.
 """
 
 from __future__ import annotations
@@ -20,6 +37,123 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from solutions.transformer import DecoderCache, Transformer
+
+
+def _strip(tokens: list[int], eos_id: int) -> list[int]:
+    """The tokens before the first EOS (all of them when there is none)."""
+    return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
+
+
+def _length_penalty(length: int, alpha: float) -> float:
+    """GNMT's ``((5 + length) / 6) ** alpha``: a finished hypothesis' score is divided by it."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+class Decoder:
+    """Next-token log-probabilities for a batch of target prefixes: the source encoded once, each prefix fed whole.
+
+    ``batch`` rows, on ``device``; ``log_probs(tokens)`` for the prefixes ``tokens`` (BOS first, one row per row of
+    the batch); ``reorder(rows)``: from now on row i continues old row ``rows[i]``.
+    """
+
+    def __init__(self, model: nn.Module, src: Int[Tensor, "batch seq_k"]) -> None:
+        self.model, self.src = model, src
+        self.memory = model.encode(src)
+
+    @property
+    def batch(self) -> int:
+        return self.src.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.src.device
+
+    def log_probs(self, tokens: Int[Tensor, "batch seq"]) -> Float[Tensor, "batch vocab"]:
+        """log p(next token | source, ``tokens``) for every row, in float32."""
+        return self.model.decode(tokens, self.memory, self.src)[:, -1].float().log_softmax(dim=-1)
+
+    def reorder(self, rows: Int[Tensor, "new_batch"]) -> None:
+        """Row i continues old row ``rows[i]``; rows may repeat (beams of one parent) or be left out."""
+        self.src, self.memory = self.src[rows], self.memory[rows]
+
+
+class CachedDecoder(Decoder):
+    """A :class:`Decoder` that keeps each layer's keys and values (a :class:`~solutions.transformer.DecoderCache`):
+    a step feeds only the tokens it has not seen. The same log-probabilities as :class:`Decoder`."""
+
+    def __init__(self, model: Transformer, src: Int[Tensor, "batch seq_k"], max_len: int) -> None:
+        super().__init__(model, src)
+        self.cache = DecoderCache(model, self.memory, src, max_len)
+
+    def log_probs(self, tokens: Int[Tensor, "batch seq"]) -> Float[Tensor, "batch vocab"]:
+        return self.cache.logits(tokens[:, len(self.cache) :])[:, -1].float().log_softmax(dim=-1)
+
+    def reorder(self, rows: Int[Tensor, "new_batch"]) -> None:
+        super().reorder(rows)
+        self.cache.reorder(rows)
+
+
+def greedy_search(decoder: Decoder, max_len: int, bos_id: int, eos_id: int) -> list[list[int]]:
+    """The most likely token at each step, every row in one call; per row the tokens without BOS, cut before EOS."""
+    tokens = torch.full((decoder.batch, 1), bos_id, dtype=torch.long, device=decoder.device)
+    finished = torch.zeros(decoder.batch, dtype=torch.bool, device=decoder.device)
+    for _ in range(max_len):
+        next_token = decoder.log_probs(tokens).argmax(dim=-1)
+        next_token = next_token.masked_fill(finished, eos_id)  # a finished row only pads (cut off below)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        finished |= next_token == eos_id
+        if finished.all():
+            break
+    return [_strip(row, eos_id) for row in tokens[:, 1:].tolist()]
+
+
+def beam_search_over(decoder: Decoder, beam_size: int, max_len: int, bos_id: int, eos_id: int,
+                     length_penalty: float = 0.6) -> list[list[int]]:
+    """Per source row, ``beam_size`` live hypotheses, finished ones set aside; the best finished one by
+    ``score / ((5 + length) / 6) ** length_penalty`` (length including EOS), without BOS and EOS."""
+    batch, beam = decoder.batch, beam_size
+    device = decoder.device
+    decoder.reorder(torch.arange(batch, device=device).repeat_interleave(beam))  # row b's beams: b·beam … b·beam+beam-1
+    tokens = torch.full((batch * beam, 1), bos_id, dtype=torch.long, device=device)
+    scores = torch.full((batch, beam), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # the beams start as copies of one prefix: keep one, or the first top-k repeats it
+    best = torch.full((batch,), float("-inf"), device=device)  # each row's best finished normalised score
+    best_tokens: list[list[int]] = [[] for _ in range(batch)]
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    for step in range(1, max_len + 1):
+        log_probs = decoder.log_probs(tokens).view(batch, beam, -1)
+        vocab = log_probs.shape[-1]
+        # 2·beam candidates: at most beam of them end in EOS (one per live beam), so beam live ones remain.
+        top, index = (scores[..., None] + log_probs).view(batch, beam * vocab).topk(2 * beam, dim=-1)
+        parent, token = index // vocab, index % vocab
+        ends = token == eos_id
+        normalised = top / _length_penalty(step, length_penalty)
+        for b, rank in (ends[:, :beam] & top[:, :beam].isfinite() & ~done[:, None]).nonzero().tolist():
+            if normalised[b, rank] > best[b]:  # a finished hypothesis, set aside: is it the row's best?
+                best[b] = normalised[b, rank]
+                best_tokens[b] = tokens[b * beam + parent[b, rank], 1:].tolist()
+        # The live beams: the best `beam` candidates that do not end in EOS, in rank order.
+        live = torch.where(ends, 2 * beam, torch.arange(2 * beam, device=device)).argsort(dim=-1, stable=True)
+        live = live[:, :beam]
+        scores, parent, token = top.gather(1, live), parent.gather(1, live), token.gather(1, live)
+        rows = (torch.arange(batch, device=device)[:, None] * beam + parent).view(-1)
+        tokens = torch.cat([tokens[rows], token.view(-1, 1)], dim=1)
+        decoder.reorder(rows)  # each beam continues its parent's state
+        # Done when the best finished one beats the best live one as it stands (Hugging Face's check).
+        done |= best >= scores.amax(dim=-1) / _length_penalty(step, length_penalty)
+        if done.all():
+            break
+    for b in (~done).nonzero().flatten().tolist():  # max_len reached: the live hypotheses finish as they are
+        for j in range(beam):
+            value = scores[b, j] / _length_penalty(max_len, length_penalty)
+            if value.isfinite() and value > best[b]:
+                best[b], best_tokens[b] = value, tokens[b * beam + j, 1:].tolist()
+    return best_tokens
+
+
+# --- the library's entry points: a model and a batch of sources --------------------------------------------------
+
 
 def _check_decoding_args(model: nn.Module, src: Tensor, max_len: int, bos_id: int, eos_id: int,
                          use_cache: bool) -> None:
@@ -27,9 +161,9 @@ def _check_decoding_args(model: nn.Module, src: Tensor, max_len: int, bos_id: in
         raise ValueError(f"model must have encode(src) and decode(tgt_in, memory, src); got {type(model).__name__}")
     if not isinstance(use_cache, bool):
         raise ValueError(f"use_cache must be True or False; got {use_cache!r}")
-    if use_cache and not hasattr(model, "new_cache"):
-        raise ValueError(f"use_cache=True needs model.new_cache(memory, max_len); {type(model).__name__} has none: "
-                         "pass use_cache=False")
+    if use_cache and not isinstance(model, Transformer):
+        raise ValueError(f"use_cache=True caches a solutions.transformer.Transformer's decoder; "
+                         f"{type(model).__name__} is not one: pass use_cache=False")
     if not isinstance(src, Tensor) or src.dim() != 2 or src.is_floating_point() or src.dtype == torch.bool:
         raise ValueError("src must be a (batch, seq) tensor of integer token ids")
     if src.shape[0] == 0:
@@ -51,16 +185,6 @@ def _check_decoding_args(model: nn.Module, src: Tensor, max_len: int, bos_id: in
             )
 
 
-def _filler(model: nn.Module, eos_id: int) -> int:
-    """The token fed after a row has finished (its value never matters; pad when known)."""
-    config = getattr(model, "config", None)
-    return getattr(config, "pad_id", eos_id)
-
-
-def _strip(tokens: list[int], eos_id: int) -> list[int]:
-    return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
-
-
 class _EvalMode:
     """Dropout off while decoding; the previous mode is restored afterwards."""
 
@@ -74,20 +198,9 @@ class _EvalMode:
         self.model.train(self.was_training)
 
 
-def next_token_logits(
-    model: nn.Module,
-    tokens: Int[Tensor, "batch seq"],
-    memory: Float[Tensor, "batch seq_k d_model"],
-    src: Int[Tensor, "batch seq_k"],
-    cache=None,
-) -> Float[Tensor, "batch vocab"]:
-    """Logits of the token that follows ``tokens`` (BOS + the tokens chosen so far), for every row.
-
-    With a cache only the tokens it has not seen are fed (one per step); without, the whole prefix.
-    """
-    if cache is None:
-        return model.decode(tokens, memory, src)[:, -1]
-    return model.decode(tokens[:, len(cache) :], memory, src, cache=cache)[:, -1]
+def _decoder(model: nn.Module, src: Tensor, max_len: int, use_cache: bool) -> Decoder:
+    # The cache holds BOS and the max_len tokens fed after it.
+    return CachedDecoder(model, src, max_len + 1) if use_cache else Decoder(model, src)
 
 
 @torch.inference_mode()
@@ -100,22 +213,10 @@ def greedy_decode(
     *,
     use_cache: bool = True,
 ) -> list[list[int]]:
-    """The most likely token at each step; per source row the tokens without BOS, up to (not incl.) EOS."""
+    """Greedy decoding of every source row: the tokens without BOS, up to (not incl.) EOS, at most ``max_len``."""
     _check_decoding_args(model, src, max_len, bos_id, eos_id, use_cache)
     with _EvalMode(model):
-        memory = model.encode(src)
-        cache = model.new_cache(memory, max_len) if use_cache else None
-        batch = src.shape[0]
-        tokens = src.new_full((batch, 1), bos_id)
-        finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
-        for _ in range(max_len):
-            next_token = next_token_logits(model, tokens, memory, src, cache).argmax(dim=-1)
-            next_token = next_token.masked_fill(finished, _filler(model, eos_id))
-            tokens = torch.cat([tokens, next_token[:, None]], dim=1)
-            finished |= next_token == eos_id
-            if finished.all():
-                break
-    return [_strip(row, eos_id) for row in tokens[:, 1:].tolist()]
+        return greedy_search(_decoder(model, src, max_len, use_cache), max_len, bos_id, eos_id)
 
 
 @torch.inference_mode()
@@ -130,44 +231,12 @@ def beam_search(
     *,
     use_cache: bool = True,
 ) -> list[list[int]]:
-    """Keep the ``beam_size`` best prefixes per source row; return the best by length-normalised score."""
+    """Beam search of every source row (see the module docstring); ``beam_size=1`` is greedy decoding."""
     _check_decoding_args(model, src, max_len, bos_id, eos_id, use_cache)
     if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive int; got {beam_size!r}")
     if not length_penalty >= 0:
         raise ValueError(f"length_penalty must be >= 0; got {length_penalty!r}")
-    filler = _filler(model, eos_id)
     with _EvalMode(model):
-        batch, beam = src.shape[0], beam_size
-        src_beams = src.repeat_interleave(beam, dim=0)  # row b's beams are rows b·beam … b·beam + beam-1
-        memory = model.encode(src).repeat_interleave(beam, dim=0)  # encode once
-        cache = model.new_cache(memory, max_len) if use_cache else None
-        tokens = src.new_full((batch * beam, 1), bos_id)
-        scores = torch.full((batch, beam), float("-inf"), device=src.device)
-        scores[:, 0] = 0.0  # all beams start identical: keep one, or the top-k would repeat it
-        finished = torch.zeros(batch, beam, dtype=torch.bool, device=src.device)
-        lengths = torch.zeros(batch, beam, device=src.device)  # generated tokens incl. EOS
-        for _ in range(max_len):
-            log_probs = next_token_logits(model, tokens, memory, src_beams, cache).log_softmax(dim=-1).float()
-            vocab = log_probs.shape[-1]
-            log_probs = log_probs.view(batch, beam, vocab)
-            # A finished beam has exactly one continuation, the filler, at no cost.
-            stay = torch.full_like(log_probs, float("-inf"))
-            stay[..., filler] = 0.0
-            log_probs = torch.where(finished[..., None], stay, log_probs)
-            candidates = (scores[..., None] + log_probs).view(batch, beam * vocab)
-            scores, index = candidates.topk(beam, dim=-1)
-            parent, next_token = index // vocab, index % vocab
-            rows = (torch.arange(batch, device=src.device)[:, None] * beam + parent).view(-1)
-            tokens = torch.cat([tokens[rows], next_token.view(-1, 1)], dim=1)
-            if cache is not None:
-                cache.reorder(rows)  # each beam continues its parent's keys and values
-            was_finished = finished.gather(1, parent)
-            lengths = lengths.gather(1, parent) + (~was_finished).float()
-            finished = was_finished | (next_token == eos_id)
-            if finished.all():
-                break
-        normalised = scores / ((5.0 + lengths) / 6.0) ** length_penalty
-        best = normalised.argmax(dim=-1)
-        chosen = tokens.view(batch, beam, -1)[torch.arange(batch, device=src.device), best, 1:]
-    return [_strip(row, eos_id) for row in chosen.tolist()]
+        return beam_search_over(_decoder(model, src, max_len, use_cache), beam_size, max_len, bos_id, eos_id,
+                                length_penalty)

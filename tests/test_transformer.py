@@ -8,7 +8,7 @@ from torch import nn
 
 from solutions.multihead import MultiHeadAttention
 from solutions.transformer import (
-    DecoderLayer, EncoderLayer, FeedForward, Transformer, TransformerConfig, teacher_forcing,
+    DecoderCache, DecoderLayer, EncoderLayer, FeedForward, Transformer, TransformerConfig, teacher_forcing,
 )
 
 
@@ -134,24 +134,28 @@ def test_transformer_target_token_does_not_change_earlier_logits(norm_first):
         assert not torch.allclose(out[:, t], base[:, t])  # and it does change its own position
 
 
-def test_transformer_cross_attention_maps_shape_and_masking():
+def test_transformer_attention_maps_shapes_rows_and_masks():
     torch.manual_seed(0)
     model = Transformer(small_config(n_layers=3)).eval()
     src = torch.randint(1, 23, (2, 6))
     src[0, 4:] = 0
     tgt_in = torch.randint(1, 19, (2, 5))
-    maps = model.cross_attention_maps(src, tgt_in)
-    assert maps.shape == (3, 2, 4, 5, 6)
-    torch.testing.assert_close(maps.sum(-1), torch.ones(3, 2, 4, 5))
-    assert maps[:, 0, :, :, 4:].abs().max() == 0  # padding gets no attention
+    maps = model.attention_maps(src, tgt_in)
+    assert {k: tuple(v.shape) for k, v in maps.items()} == {
+        "encoder": (3, 2, 4, 6, 6), "decoder": (3, 2, 4, 5, 5), "cross": (3, 2, 4, 5, 6)}
+    for found in maps.values():
+        torch.testing.assert_close(found.sum(-1), torch.ones(found.shape[:-1]))
+    assert maps["cross"][:, 0, :, :, 4:].abs().max() == 0  # source padding gets no attention
+    assert maps["encoder"][:, 0, :, :, 4:].abs().max() == 0
+    assert maps["decoder"].triu(diagonal=1).abs().max() == 0  # no target position looks ahead
 
 
-def test_transformer_cross_attention_maps_match_forward_pass():
-    """The maps are those of the cross-attention inputs seen by an ordinary forward pass."""
+def test_transformer_attention_maps_match_forward_pass():
+    """The maps are those of the attention inputs seen by an ordinary forward pass."""
     torch.manual_seed(1)
     model = Transformer(small_config(n_layers=2, norm_first=True)).eval()
     src, tgt_in = torch.randint(1, 23, (2, 6)), torch.randint(1, 19, (2, 5))
-    maps = model.cross_attention_maps(src, tgt_in)
+    maps = model.attention_maps(src, tgt_in)
     captured = []
     hooks = [layer.cross_attn.register_forward_hook(
         lambda mod, inputs, out: captured.append(inputs)) for layer in model.decoder_layers]
@@ -160,7 +164,44 @@ def test_transformer_cross_attention_maps_match_forward_pass():
         h.remove()
     assert len(captured) == len(model.decoder_layers)
     for i, ((query, memory, mask), layer) in enumerate(zip(captured, model.decoder_layers)):
-        torch.testing.assert_close(maps[i], layer.cross_attn.attention_weights(query, memory, mask))
+        torch.testing.assert_close(maps["cross"][i], layer.cross_attn.attention_weights(query, memory, mask))
+    first = model.encoder_layers[0]
+    x = model.positional(model.src_embed(src) * 32**0.5)
+    torch.testing.assert_close(maps["encoder"][0], first.self_attn.attention_weights(first.norm1(x), None,
+                                                                                     model.source_mask(src)))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_layer_training_mode_drops_sublayer_outputs_like_torch(norm_first):
+    """In training mode, with the same dropout masks, DecoderLayer equals nn.TransformerDecoderLayer: dropout1..3 on
+    each sub-layer's output before the residual add, and the feed-forward's own dropout inside it."""
+    torch.manual_seed(3)
+    theirs = nn.TransformerDecoderLayer(16, 4, 32, dropout=0.5, batch_first=True, norm_first=norm_first)
+    ours = DecoderLayer(16, 4, 32, dropout=0.5, norm_first=norm_first)
+    copy_common(ours, theirs)
+    copy_attention(ours.cross_attn, theirs.multihead_attn)
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    masks = {name: (torch.rand(2, 5, 32 if name == "dropout" else 16) > 0.5).float() * 2
+             for name in ("dropout1", "dropout2", "dropout3", "dropout")}
+
+    class Fixed(nn.Module):
+        def __init__(self, mask):
+            super().__init__()
+            self.mask = mask
+
+        def forward(self, h):
+            return h * self.mask
+
+    for name, mask in masks.items():
+        setattr(theirs, name, Fixed(mask))
+        target = ours.feed_forward if name == "dropout" else ours
+        setattr(target, name, Fixed(mask))
+    theirs.self_attn.dropout = theirs.multihead_attn.dropout = 0.0
+    ours.self_attn.dropout = ours.cross_attn.dropout = 0.0
+    theirs.train(), ours.train()
+    future = ~torch.ones(5, 5, dtype=torch.bool).tril()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x, memory), theirs(x, memory, tgt_mask=future), atol=1e-5, rtol=1e-4)
 
 
 def test_transformer_paper_base_parameter_count():
@@ -274,57 +315,60 @@ def test_teacher_forcing_rejects_bad_input():
         teacher_forcing(torch.tensor([[3, 4]]), 1.0, 2, 0)  # type: ignore[arg-type]
 
 
-# --- the decoder cache ------------------------------------------------------------------------------
+# --- the decoder cache (library only: chapter 6 teaches it) -------------------------------------------------
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("chunks", [(1,) * 7, (3, 1, 2, 1), (7,)])
-def test_transformer_chunked_decode_with_cache_equals_full_pass(norm_first, chunks):
+def test_decoder_cache_chunked_logits_equal_full_pass(norm_first, chunks):
     torch.manual_seed(len(chunks))
-    model = Transformer(small_config(norm_first=norm_first)).eval()
+    model = Transformer(small_config(norm_first=norm_first, activation="gelu")).eval()
     src = torch.randint(1, 23, (3, 6))
     src[1, 4:] = 0
     tgt_in = torch.randint(1, 19, (3, sum(chunks)))
     memory = model.encode(src)
     full = model.decode(tgt_in, memory, src)
-    cache = model.new_cache(memory)
+    cache = DecoderCache(model, memory, src, 16)
     parts, start = [], 0
     for size in chunks:
-        parts.append(model.decode(tgt_in[:, start : start + size], memory, src, cache=cache))
+        parts.append(cache.logits(tgt_in[:, start : start + size]))
         start += size
         assert len(cache) == start
     torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-4)
 
 
-def test_transformer_cache_reorder_follows_rows():
-    """After reorder(index), row i continues as old row index[i] would have."""
+def test_decoder_cache_reorder_follows_rows():
+    """After reorder(rows), row i continues as old row rows[i] would have (rows repeat and are left out)."""
     torch.manual_seed(5)
     model = Transformer(small_config()).eval()
     src = torch.randint(1, 23, (3, 5))
+    src[2, 3:] = 0
     tgt_in = torch.randint(1, 19, (3, 4))
     memory = model.encode(src)
-    cache = model.new_cache(memory)
-    model.decode(tgt_in[:, :3], memory, src, cache=cache)
-    index = torch.tensor([2, 0, 0])
-    cache.reorder(index)
-    step = model.decode(tgt_in[index, 3:], memory[index], src[index], cache=cache)
-    full = model.decode(tgt_in[index], memory[index], src[index])
+    cache = DecoderCache(model, memory, src, 8)
+    cache.logits(tgt_in[:, :3])
+    rows = torch.tensor([2, 0, 0, 2])
+    cache.reorder(rows)
+    step = cache.logits(tgt_in[rows, 3:])
+    full = model.decode(tgt_in[rows], memory[rows], src[rows])
     torch.testing.assert_close(step[:, 0], full[:, -1], atol=1e-5, rtol=1e-4)
 
 
-def test_transformer_cache_refuses_what_does_not_fit():
+def test_decoder_cache_refuses_what_does_not_fit():
     model = Transformer(small_config()).eval()
     src = torch.randint(1, 23, (2, 5))
     memory = model.encode(src)
-    cache = model.new_cache(memory, max_len=4)
-    model.decode(torch.ones(2, 3, dtype=torch.long), memory, src, cache=cache)
+    cache = DecoderCache(model, memory, src, 4)
+    cache.logits(torch.ones(2, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="max_len"):
-        model.decode(torch.ones(2, 2, dtype=torch.long), memory, src, cache=cache)
-    with pytest.raises(ValueError, match="rows"):
-        model.decode(torch.ones(3, 1, dtype=torch.long), memory, src, cache=model.new_cache(memory))
+        cache.logits(torch.ones(2, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="batch=2"):
+        DecoderCache(model, memory, src, 4).logits(torch.ones(3, 1, dtype=torch.long))
     with pytest.raises(ValueError, match="max_len"):
-        model.new_cache(memory, max_len=65)
+        DecoderCache(model, memory, src, 65)
     with pytest.raises(ValueError, match="memory"):
-        model.new_cache(torch.randn(2, 5, 8))
-    with pytest.raises(ValueError, match="index"):
-        model.new_cache(memory).reorder(torch.tensor([[0, 1]]))
+        DecoderCache(model, torch.randn(2, 5, 8), src, 4)
+    with pytest.raises(ValueError, match="rows"):
+        DecoderCache(model, memory, src, 4).reorder(torch.tensor([[0, 1]]))
+    with pytest.raises(ValueError, match="Transformer"):
+        DecoderCache(nn.Linear(2, 2), memory, src, 4)  # type: ignore[arg-type]

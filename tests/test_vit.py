@@ -12,17 +12,20 @@ from torch import nn
 from torchvision.models.vision_transformer import VisionTransformer as TorchvisionViT
 from torchvision.models.vision_transformer import interpolate_embeddings
 
+import warnings
+
 from solutions.vit import (
     VisionTransformer,
     ViTConfig,
     add_cls_and_positions,
+    attention_rollout,
     interpolate_position_embeddings,
     patch_embedding_from_conv,
     patchify,
     vit_parameter_count,
 )
 
-SMALL = dict(image_size=32, patch_size=8, in_channels=3, n_classes=10, d_model=64, n_layers=2, n_heads=4, d_mlp=128)
+SMALL = dict(image_size=32, patch_size=8, in_channels=3, n_classes=10, d_model=64, n_layers=2, n_heads=4, d_ff=128)
 
 
 def small_torchvision_vit(seed: int) -> TorchvisionViT:
@@ -150,10 +153,81 @@ def test_vit_attention_maps_shape_and_rows_match_attention_weights():
     # [CLS] → patches plus [CLS] → [CLS] sums to 1, so the patch part sums to at most 1.
     sums = maps.sum(dim=(-1, -2))
     assert torch.all(sums <= 1 + 1e-5) and torch.all(sums > 0)
-    block = model.blocks[0]
+    layer = model.layers[0]
     with torch.no_grad():
-        full = block.attention.attention_weights(block.norm_attention(model.embed(images)))
+        full = layer.self_attn.attention_weights(layer.norm1(model.embed(images)))
     torch.testing.assert_close(maps[:, 0], full[:, :, 0, 1:].reshape(2, 4, 4, 4))
+    weights = model.attention_weights(images)
+    assert weights.shape == (2, 2, 4, 17, 17)  # layers, batch, heads, seq, seq
+    torch.testing.assert_close(weights[0], full)
+
+
+def test_vit_attention_weights_are_those_of_the_forward_pass():
+    """attention_weights records, layer by layer, the weights of exactly the inputs the forward pass gives each layer."""
+    torch.manual_seed(1)
+    model = VisionTransformer(**SMALL).eval()
+    images = torch.randn(2, 3, 32, 32)
+    seen = []
+    hooks = [layer.self_attn.register_forward_pre_hook(lambda mod, args: seen.append(mod.attention_weights(args[0])))
+             for layer in model.layers]
+    with torch.no_grad():
+        model(images)
+    for hook in hooks:
+        hook.remove()
+    torch.testing.assert_close(model.attention_weights(images), torch.stack(seen))
+
+
+def test_vit_mean_pooling_reads_the_patch_tokens_and_keeps_the_parameters():
+    torch.manual_seed(2)
+    cls_model = VisionTransformer(**SMALL).eval()
+    mean_model = VisionTransformer(**SMALL, pool="mean").eval()
+    mean_model.load_state_dict(cls_model.state_dict())  # the same parameters: only what the head reads differs
+    images = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        x = cls_model.embed(images)
+        for layer in cls_model.layers:
+            x = layer(x)
+        x = cls_model.norm(x)
+        torch.testing.assert_close(mean_model(images), cls_model.head(x[:, 1:].mean(1)))
+        torch.testing.assert_close(cls_model(images), cls_model.head(x[:, 0]))
+    with pytest.raises(ValueError, match="pool"):
+        VisionTransformer(**SMALL, pool="max")
+
+
+def reference_rollout(attentions: torch.Tensor) -> torch.Tensor:
+    """Abnar & Zuidema's rollout for one image at a time, with explicit loops (for the test)."""
+    layers, batch, heads, seq, _ = attentions.shape
+    out = []
+    for b in range(batch):
+        rollout = torch.eye(seq, dtype=attentions.dtype)
+        for layer in range(layers):
+            mean = sum(attentions[layer, b, h] for h in range(heads)) / heads
+            mixed = 0.5 * mean + 0.5 * torch.eye(seq, dtype=attentions.dtype)
+            mixed = mixed / mixed.sum(dim=1, keepdim=True)
+            rollout = mixed @ rollout
+        out.append(rollout)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_attention_rollout_matches_the_loop_and_rows_sum_to_one(seed):
+    gen = torch.Generator().manual_seed(seed)
+    attentions = torch.randn(3, 2, 4, 6, 6, generator=gen, dtype=torch.float64).softmax(-1)
+    attentions = attentions * (0.5 + torch.rand(3, 2, 4, 6, 1, generator=gen, dtype=torch.float64))  # as after dropout
+    rollout = attention_rollout(attentions)
+    torch.testing.assert_close(rollout, reference_rollout(attentions))
+    torch.testing.assert_close(rollout.sum(-1), torch.ones(2, 6, dtype=torch.float64))
+
+
+def test_attention_rollout_of_identity_attention_is_the_identity_and_of_a_vit_is_row_stochastic():
+    eye = torch.eye(5).expand(2, 3, 4, 5, 5)
+    torch.testing.assert_close(attention_rollout(eye), torch.eye(5).expand(3, 5, 5))
+    model = VisionTransformer(**SMALL).eval()
+    rollout = attention_rollout(model.attention_weights(torch.randn(2, 3, 32, 32)))
+    assert rollout.shape == (2, 17, 17) and torch.all(rollout >= 0)
+    torch.testing.assert_close(rollout.sum(-1), torch.ones(2, 17))
+    with pytest.raises(ValueError, match="attentions"):
+        attention_rollout(torch.rand(2, 4, 5, 5))
 
 
 def test_vit_rejects_images_of_wrong_shape():
@@ -314,9 +388,9 @@ def test_vit_wrong_image_size_error_points_to_for_image_size():
     (384, 16, 3, 21843, 768, 12, 12, 3072),  # B/16 at 384 px with the ImageNet-21k head
 ])
 def test_vit_parameter_count_matches_torchvision(sizes):
-    image_size, p, _, n_classes, d_model, n_layers, n_heads, d_mlp = sizes
+    image_size, p, _, n_classes, d_model, n_layers, n_heads, d_ff = sizes
     with torch.device("meta"):
-        theirs = TorchvisionViT(image_size, p, n_layers, n_heads, d_model, d_mlp, num_classes=n_classes)
+        theirs = TorchvisionViT(image_size, p, n_layers, n_heads, d_model, d_ff, num_classes=n_classes)
         ours = VisionTransformer(*sizes)
     expected = sum(param.numel() for param in theirs.parameters())
     assert vit_parameter_count(*sizes) == expected == sum(param.numel() for param in ours.parameters())
@@ -341,10 +415,27 @@ def test_vit_parameter_count_rejects_bad_sizes(sizes, message):
         vit_parameter_count(*sizes)
 
 
-def test_vit_mlp_layers_are_named():
-    keys = VisionTransformer(**SMALL).state_dict().keys()
-    assert {"blocks.0.mlp.up.weight", "blocks.0.mlp.down.bias"} <= set(keys)
-    assert not any(".mlp.0." in key or ".mlp.3." in key for key in keys)
+def test_vit_layers_use_the_names_of_the_encoder_decoder():
+    """One name per concept (layers, norm1/norm2, self_attn, feed_forward.linear1/linear2), as in chapter 4."""
+    keys = set(VisionTransformer(**SMALL).state_dict().keys())
+    assert {"layers.0.norm1.weight", "layers.0.self_attn.in_proj.weight", "layers.0.norm2.bias",
+            "layers.0.feed_forward.linear1.weight", "layers.0.feed_forward.linear2.bias"} <= keys
+    assert not any(name in key for key in keys for name in ("blocks", "mlp", "norm_attention", ".attention."))
+
+
+def test_vit_d_mlp_is_a_deprecated_alias_of_d_ff():
+    sizes = {k: v for k, v in SMALL.items() if k != "d_ff"}
+    with pytest.warns(DeprecationWarning, match="d_mlp is deprecated.*d_ff"):
+        old = VisionTransformer(**sizes, d_mlp=128)
+    assert old.config.d_ff == 128
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new name warns nothing
+        VisionTransformer(**SMALL)
+        VisionTransformer(32, 8, 3, 10, 64, 2, 4, 128)  # positionally, d_ff where d_mlp was
+    with pytest.raises(TypeError, match="d_ff"):
+        VisionTransformer(**SMALL, d_mlp=128)
+    with pytest.raises(TypeError, match="d_ff"):
+        VisionTransformer(**sizes)
 
 
 def test_vit_mutants_are_caught_by_their_checks_not_by_the_delegation_rule():
@@ -357,3 +448,41 @@ def test_vit_mutants_are_caught_by_their_checks_not_by_the_delegation_rule():
         with pytest.raises(core.CheckFailed) as err:
             core.run(chapter.checks, mutant.exercise, mutant.obj, level="hidden", seed=0, quiet=True)
         assert "library's answer" not in str(err.value), f"{mutant.name}: {err.value}"
+
+
+def test_vit_checkpoint_written_under_the_old_names_keeps_loading(tmp_path):
+    """A checkpoint saved before the renaming (blocks.N.norm_attention, .attention, .norm_mlp, .mlp.up/.down and the
+    config's d_mlp), made here by renaming a new one's keys back, loads into today's model with the same logits."""
+    import re
+
+    from solutions.checkpoint import load_checkpoint, save_checkpoint
+    from solutions.trainers.vit import build_model
+
+    torch.manual_seed(4)
+    config = {"model": "vit", **SMALL}
+    model = build_model(config).eval()
+    path = save_checkpoint(tmp_path, kind="vit", config=config, model=model, vocab={"classes": list("0123456789")},
+                           metrics={})
+    saved = torch.load(path, weights_only=True)
+    old_names = ((r"^layers\.(\d+)\.norm1\.", r"blocks.\1.norm_attention."),
+                 (r"^layers\.(\d+)\.self_attn\.", r"blocks.\1.attention."),
+                 (r"^layers\.(\d+)\.norm2\.", r"blocks.\1.norm_mlp."),
+                 (r"^layers\.(\d+)\.feed_forward\.linear1\.", r"blocks.\1.mlp.up."),
+                 (r"^layers\.(\d+)\.feed_forward\.linear2\.", r"blocks.\1.mlp.down."))
+    state = {}
+    for key, value in saved["state_dict"].items():
+        for pattern, replacement in old_names:
+            key = re.sub(pattern, replacement, key)
+        state[key] = value
+    assert "blocks.1.mlp.down.weight" in state and not any(key.startswith("layers.") for key in state)
+    saved["state_dict"] = state
+    saved["config"] = {("d_mlp" if key == "d_ff" else key): value for key, value in saved["config"].items()}
+    torch.save(saved, path)
+    checkpoint = load_checkpoint(tmp_path, kind="vit")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the config comes back under today's names: no DeprecationWarning
+        restored = build_model(checkpoint.config).eval()
+    restored.load_state_dict(checkpoint.state_dict)  # strict: every key found
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(restored(images), model(images))

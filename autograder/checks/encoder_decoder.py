@@ -2,12 +2,15 @@
 :mod:`solutions.schedule`, :mod:`solutions.losses`, :mod:`solutions.decoding`).
 
 Each judge computes the right answer independently — by hand from lists (teacher forcing),
-``nn.TransformerDecoderLayer`` with copied weights, the Noam formula, ``F.cross_entropy``
-with ``label_smoothing``, and plain-Python greedy, beam and exhaustive search over a
-:class:`~autograder.checks.lookup.LookupModel` whose probabilities are known — and, when the
-answer is wrong, recomputes the usual mistakes to name the one that was made. Property cases
-check what each exercise is for: no future leak, padding invariance, per-row EOS stop, beams
-that continue their parent, a finite loss for large logits.
+``nn.TransformerDecoderLayer`` with copied weights (in training mode too, with the same dropout
+masks), the Noam formula, ``F.cross_entropy`` with ``label_smoothing``, and plain-Python greedy,
+beam and exhaustive search over a :class:`~autograder.checks.lookup.LookupModel` whose
+probabilities are known — and, when the answer is wrong, recomputes the usual mistakes to name
+the one that was made. Property cases check what each exercise is for: no future leak, padding
+invariance, dropout where the paper puts it, per-row EOS stop, finished hypotheses set aside,
+beams that continue their parent's state (a :class:`~autograder.checks.lookup.LookupDecoder`
+keeps it as a cache would), one decoder call per step, PyTorch's ``ignore_index=-100``, a finite
+loss for large logits.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from autograder.checks.lookup import LookupModel
 multihead = core.reference("solutions.multihead")
 transformer = core.reference("solutions.transformer")
 
-NEVER = -1.0e4  # the logit of a token a model never predicts (BOS, padding)
+NEVER = -math.inf  # the logit of a token a model never predicts (BOS, padding)
 
 
 # Not core.expect_value_error: any one of several names will do (or none, where the exercise's text asks for no
@@ -46,6 +49,7 @@ def _expect_value_error(error: dict | None, arguments: tuple[str, ...], what: st
         fail(f"{what}: your ValueError should name {names} and say what to change; it said {error['message']!r}")
 
 
+
 # --- teacher_forcing ------------------------------------------------------------------------------
 
 
@@ -58,7 +62,7 @@ def _special_ids(gen: torch.Generator, default: bool) -> tuple[int, int, int]:
 
 
 def _tf_inputs(gen: torch.Generator, *, default_ids: bool = True, empty_row: bool = False,
-               no_padding: bool = False) -> dict:
+               no_padding: bool = False, padding_column: bool = False) -> dict:
     bos, eos, pad = _special_ids(gen, default_ids)
     allowed = torch.tensor([i for i in range(40) if i not in (bos, eos, pad)])
     batch, width = rand_int(gen, 3, 5), rand_int(gen, 3, 7)
@@ -70,6 +74,8 @@ def _tf_inputs(gen: torch.Generator, *, default_ids: bool = True, empty_row: boo
         lengths[1] = rand_int(gen, 1, width - 1)  # a padded row: its EOS goes right after its last token
     if empty_row:
         lengths[-1] = 0
+    if padding_column:  # a column of padding in every row: the output keeps it (width + 1 columns)
+        lengths = lengths.clamp(max=width - 1)
     tokens = allowed[torch.randint(len(allowed), (batch, width), generator=gen)]
     tgt = torch.where(torch.arange(width)[None, :] < lengths[:, None], tokens, torch.full_like(tokens, pad))
     return {"args": (tgt, bos, eos, pad)}
@@ -116,6 +122,11 @@ def _judge_tf(inputs: dict, outputs: dict) -> None:
     batch, width = tgt.shape
     shapes = f"got {tuple(decoder_input.shape)} and {tuple(labels.shape)}"
     if tuple(decoder_input.shape) != (batch, width + 1) or tuple(labels.shape) != (batch, width + 1):
+        longest = int((tgt != pad).sum(dim=1).max())
+        if longest < width and longest + 1 in (decoder_input.shape[-1], labels.shape[-1]):
+            fail(f"{shapes}: you cut the columns that are padding in every row. Keep tgt's width, whatever the "
+                 f"padding: both outputs are (batch, seq + 1) = {(batch, width + 1)}, so that they still line up "
+                 "with the batch they came from")
         if width in (decoder_input.shape[-1], labels.shape[-1]):
             fail(f"{shapes}: both need width + 1 = {width + 1} columns (BOS + {width} tokens, {width} tokens + EOS). "
                  "Cutting them to the input's width drops the EOS of the longest rows: the model never learns to stop")
@@ -164,7 +175,9 @@ def _judge_tf_bad(inputs: dict, outputs: dict) -> None:
     for rule, ((tgt, bos, eos, pad), _), result in zip(inputs["rules"], inputs["calls"], outputs["results"],
                                                        strict=True):
         _expect_value_error(result["error"], (), f"teacher_forcing(tgt of shape {tuple(tgt.shape)} and dtype "
-                            f"{tgt.dtype}, bos_id={bos}, eos_id={eos}, pad_id={pad}): {rule}")
+                            f"{tgt.dtype}, bos_id={bos}, eos_id={eos}, pad_id={pad}): {rule} (call the given "
+                            "_check_teacher_forcing_args(tgt, bos_id, eos_id, pad_id) first)")
+
 
 
 # --- DecoderLayer --------------------------------------------------------------------------------
@@ -173,7 +186,7 @@ def _judge_tf_bad(inputs: dict, outputs: dict) -> None:
 @core.recorded
 def _decoder_state_shapes(init_args: tuple, init_kwargs: dict) -> list[tuple[str, tuple[int, ...]]]:
     """The reference DecoderLayer's state: (name, shape) in order."""
-    module = transformer.DecoderLayer(*init_args, 0.0, **init_kwargs)
+    module = transformer.DecoderLayer(*init_args[:3], 0.0, **init_kwargs)
     return [(name, tuple(p.shape)) for name, p in module.state_dict().items()]
 
 
@@ -191,7 +204,8 @@ def _random_state(shapes: list[tuple[str, tuple[int, ...]]], gen: torch.Generato
 
 
 def _decoder_inputs(gen: torch.Generator, *, norm_first: bool = False, activation: str = "relu",
-                    seq_q: int | None = None, seq_k: int | None = None, padding: bool = True) -> dict:
+                    seq_q: int | None = None, seq_k: int | None = None, padding: bool = True,
+                    dropout: float = 0.0) -> dict:
     n_heads = [2, 4][rand_int(gen, 0, 1)]
     d_model, d_ff = n_heads * rand_int(gen, 2, 4), rand_int(gen, 8, 24)
     init_kwargs = {"norm_first": norm_first, "activation": activation}
@@ -205,15 +219,36 @@ def _decoder_inputs(gen: torch.Generator, *, norm_first: bool = False, activatio
         lengths = torch.randint(1, seq_k + 1, (batch,), generator=gen)
         lengths[0] = rand_int(gen, 1, seq_k - 1) if seq_k > 1 else 1  # at least one padded source
         mask = (torch.arange(seq_k)[None, :] < lengths[:, None])[:, None, None, :]
-    return {"init_args": (d_model, n_heads, d_ff), "init_kwargs": init_kwargs, "state": state,
-            "args": (x, memory, mask)}
+    inputs = {"init_args": (d_model, n_heads, d_ff), "init_kwargs": init_kwargs, "state": state,
+              "args": (x, memory, mask)}
+    if dropout:
+        # Train mode: the layer's dropout modules get these masks (what nn.Dropout(p) would draw, kept fixed so that
+        # the output can be compared exactly); the attention weights' own dropout is switched off.
+        def draw(*shape: int) -> Tensor:
+            return (torch.rand(*shape, generator=gen) >= dropout).float() / (1.0 - dropout)
+
+        inputs["init_args"] = (d_model, n_heads, d_ff, dropout)
+        inputs["masks"] = {"dropout1": draw(batch, seq_q, d_model), "dropout2": draw(batch, seq_q, d_model),
+                           "dropout3": draw(batch, seq_q, d_model), "feed_forward.dropout": draw(batch, seq_q, d_ff)}
+    return inputs
+
+
+class _Masked(nn.Module):
+    """Dropout with a fixed mask, in train mode only (the reference layer's dropout modules, for _torch_decoder)."""
+
+    def __init__(self, mask: Tensor) -> None:
+        super().__init__()
+        self.mask = mask
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.mask if self.training else x
 
 
 @core.recorded
 def _torch_decoder(inputs: dict, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
-    """nn.TransformerDecoderLayer (batch first) with the same weights; PyTorch's masks mean True = NOT allowed
-    (recorded: it computes the exercise's answer)."""
-    d_model, n_heads, d_ff = inputs["init_args"]
+    """nn.TransformerDecoderLayer (batch first) with the same weights — in train mode with the inputs' dropout masks
+    when they have some; PyTorch's masks mean True = NOT allowed (recorded: it computes the exercise's answer)."""
+    d_model, n_heads, d_ff = inputs["init_args"][:3]
     kw, state = inputs["init_kwargs"], inputs["state"]
     layer = nn.TransformerDecoderLayer(d_model, n_heads, d_ff, dropout=0.0, activation=kw["activation"],
                                        batch_first=True, norm_first=kw["norm_first"])
@@ -230,6 +265,10 @@ def _torch_decoder(inputs: dict, x: Tensor, memory: Tensor, mask: Tensor | None)
             theirs[f"{norm}.{part}"] = state[f"{norm}.{part}"]
     layer.load_state_dict(theirs, strict=True)
     layer.eval()
+    if "masks" in inputs:  # PyTorch's dropout, dropout1..3 are where the layer's own go
+        for name, fixed in inputs["masks"].items():
+            setattr(layer, "dropout" if name == "feed_forward.dropout" else name, _Masked(fixed))
+        layer.train()
     seq_q = x.shape[1]
     future = ~torch.ones(seq_q, seq_q, dtype=torch.bool).tril()
     with torch.no_grad():
@@ -237,9 +276,10 @@ def _torch_decoder(inputs: dict, x: Tensor, memory: Tensor, mask: Tensor | None)
 
 
 def _decoder_by_hand(inputs: dict, x: Tensor, memory: Tensor, mask: Tensor | None, bug: str) -> Tensor:
-    """The decoder layer written out with chapter 2's MultiHeadAttention, with one known mistake."""
-    d_model, n_heads, d_ff = inputs["init_args"]
-    kw, state = inputs["init_kwargs"], inputs["state"]
+    """The decoder layer written out with chapter 2's MultiHeadAttention (and the inputs' dropout masks, if any),
+    with one known mistake."""
+    d_model, n_heads, d_ff = inputs["init_args"][:3]
+    kw, state, masks = inputs["init_kwargs"], inputs["state"], inputs.get("masks")
     attn = {}
     for name in ("self_attn", "cross_attn"):
         attn[name] = multihead.MultiHeadAttention(d_model, n_heads).eval()
@@ -249,8 +289,12 @@ def _decoder_by_hand(inputs: dict, x: Tensor, memory: Tensor, mask: Tensor | Non
     def norm(i: int, h: Tensor) -> Tensor:
         return F.layer_norm(h, (d_model,), state[f"norm{i}.weight"], state[f"norm{i}.bias"], 1e-5)
 
+    def drop(i: int, h: Tensor) -> Tensor:
+        return h if masks is None or bug == "no_dropout" else h * masks[f"dropout{i}"]
+
     def feed_forward(h: Tensor) -> Tensor:
         hidden = activation(F.linear(h, state["feed_forward.linear1.weight"], state["feed_forward.linear1.bias"]))
+        hidden = hidden if masks is None else hidden * masks["feed_forward.dropout"]
         return F.linear(hidden, state["feed_forward.linear2.weight"], state["feed_forward.linear2.bias"])
 
     def self_block(h: Tensor) -> Tensor:
@@ -268,10 +312,16 @@ def _decoder_by_hand(inputs: dict, x: Tensor, memory: Tensor, mask: Tensor | Non
         blocks[0], blocks[1] = blocks[1], blocks[0]
     with torch.no_grad():
         for i, (name, block) in enumerate(blocks, start=1):
-            if norm_first and not (bug == "mixed_norms" and name == "cross"):
-                x = residual[name] * x + block(norm(i, x))
+            pre = norm_first and not (bug == "mixed_norms" and name == "cross")
+            h = norm(i, x) if pre else x
+            if bug == "dropout_after_residual":
+                x = drop(i, residual[name] * x + block(h))
+            elif bug == "dropout_on_input":
+                x = residual[name] * x + block(drop(i, h))
             else:
-                x = norm(i, residual[name] * x + block(x))
+                x = residual[name] * x + drop(i, block(h))
+            if not pre:
+                x = norm(i, x)
     return x
 
 
@@ -292,13 +342,24 @@ _DECODER_MISTAKES = {
     "cross_before_self": "the sub-layers are in the wrong order: causal self-attention, then cross-attention, then "
     "the feed-forward network (with norm1, norm2, norm3 in that order)",
 }
+# Train mode only (the inputs have dropout masks).
+_DROPOUT_MISTAKES = {
+    "no_dropout": "in training mode your layer drops nothing from the sub-layer outputs: self.dropout1, self.dropout2 "
+    "and self.dropout3 go on each sub-layer's output, before it is added to x (nn.TransformerDecoderLayer, and the "
+    "paper's dropout 0.1)",
+    "dropout_after_residual": "dropout is applied after the residual add, so it drops the residual stream itself: "
+    "self.dropout1/2/3 go on the sub-layer's output only, before it is added to x",
+    "dropout_on_input": "dropout is applied to the sub-layer's input: self.dropout1/2/3 go on its output, before it "
+    "is added to x",
+}
 
 
 @core.recorded
 def _decoder_mistakes(inputs: dict, x: Tensor, memory: Tensor, mask: Tensor | None) -> dict[str, Tensor]:
     """The output of each known mistake (chapter 2's MultiHeadAttention; recorded for the student edition)."""
     mistakes = {}
-    for bug in _DECODER_MISTAKES:
+    bugs = list(_DECODER_MISTAKES) + (list(_DROPOUT_MISTAKES) if "masks" in inputs else [])
+    for bug in bugs:
         if bug == "query_from_memory" and x.shape[1] != memory.shape[1]:
             continue
         try:
@@ -312,7 +373,7 @@ def _expect_decoder(inputs: dict, out: Any, x: Tensor, memory: Tensor, mask: Ten
     expected = _torch_decoder(inputs, x, memory, mask)
     mistakes = _decoder_mistakes(inputs, x, memory, mask)
     if not same(out, expected, 1e-4, dtype="cast"):
-        for bug, message in _DECODER_MISTAKES.items():
+        for bug, message in {**_DROPOUT_MISTAKES, **_DECODER_MISTAKES}.items():
             if bug in mistakes and same(out, mistakes[bug], 1e-4, dtype="cast"):
                 fail(message)
     expect_close(out, expected, what, atol=1e-4)
@@ -329,6 +390,23 @@ def _judge_decoder(inputs: dict, outputs: dict) -> None:
         fail(f"your layer raised {error['type']}: {error['message']}")
     _expect_decoder(inputs, outputs["out"], x, memory, mask,
                     "your decoder layer differs from nn.TransformerDecoderLayer with the same weights")
+
+
+def _judge_train_mode(inputs: dict, outputs: dict) -> None:
+    x, memory, mask = inputs["args"]
+    error = outputs.get("error")
+    if error is not None:
+        fail(f"in training mode your layer raised {error['type']}: {error['message']}")
+    unused = [name for name, calls in outputs["calls"].items() if calls == 0 and name != "feed_forward.dropout"]
+    if unused == ["dropout1", "dropout2", "dropout3"] and not same(outputs["out"], _torch_decoder(
+            inputs, x, memory, mask), 1e-4, dtype="cast"):
+        fail("in training mode your layer never calls self.dropout1, self.dropout2 or self.dropout3 (a dropout of "
+             "your own, F.dropout, cannot be checked and is not the layer's): apply them to each sub-layer's "
+             "output, before it is added to x")
+    _expect_decoder(inputs, outputs["out"], x, memory, mask, "in training mode (dropout p = "
+                    f"{inputs['init_args'][3]}) your layer differs from nn.TransformerDecoderLayer with the same "
+                    "weights and the same dropout masks: self.dropout1/2/3 go on each sub-layer's output, before "
+                    "the residual add")
 
 
 def _future_inputs(gen: torch.Generator) -> dict:
@@ -375,28 +453,8 @@ def _judge_padding(inputs: dict, outputs: dict) -> None:
     _expect_decoder(inputs, base, x, memory, mask, "your decoder layer differs from nn.TransformerDecoderLayer")
 
 
-def _steps_inputs(gen: torch.Generator) -> dict:
-    inputs = _decoder_inputs(gen, norm_first=bool(rand_int(gen, 0, 1)))
-    inputs["layer"] = rand_int(gen, 1, 5)
-    return inputs
 
-
-def _judge_steps(inputs: dict, outputs: dict) -> None:
-    x, memory, mask = inputs["args"]
-    _expect_decoder(inputs, outputs["full"], x, memory, mask, "your decoder layer differs from "
-                    "nn.TransformerDecoderLayer with the same weights")
-    steps = outputs["steps"]
-    if not all(isinstance(s, Tensor) and tuple(s.shape) == (x.shape[0], 1, x.shape[2]) for s in steps):
-        fail("with a cache, forward on one new position must return (batch, 1, d_model)")
-    if not torch.allclose(torch.cat(steps, dim=1), outputs["full"], atol=1e-5, rtol=1e-4):
-        fail("decoding one position at a time with a cache gives other outputs than the full pass: pass "
-             "cache=cache and layer=layer to both self.self_attn and self.cross_attn (greedy decoding uses it)")
-    if any(seen != inputs["layer"] for seen in outputs["layers_seen"]):
-        fail(f"the cache was handed layer={sorted(set(outputs['layers_seen']))}, but this layer was called with "
-             f"layer={inputs['layer']}: pass layer=layer on, or the layers of a model overwrite each other's cache")
-
-
-# --- noam_lr --------------------------------------------------------------------------------------
+# --- noam_scheduler (and the noam_lr it uses) ----------------------------------------------------------------
 
 
 def _noam(step: int, d_model: int, warmup: int, factor: float) -> float:
@@ -413,36 +471,28 @@ _NOAM_MISTAKES = {
     "no_scale": "the factor d_model^-0.5 is missing",
     "scale_inverse": "the scale is d_model^-0.5, not d_model^-1",
     "no_factor": "the factor argument is ignored: multiply by it",
+    "one_step_ahead": "the schedule is one step ahead: LambdaLR calls your lambda with the number of scheduler "
+    "steps taken so far (0 before the first update); pass it to noam_lr unchanged",
 }
 
 
 @core.recorded
-def _noam_values(step: int, d_model: int, warmup: int, factor: float) -> dict[str, float]:
-    """noam_lr's right value ("expected") and the value of each mistake of _NOAM_MISTAKES (recorded: a student
+def _noam_variants(d_model: int, warmup: int, factor: float, steps: list[int]) -> dict[str, list[float]]:
+    """The Noam rate at each of ``steps`` ("expected"), and each mistake's of _NOAM_MISTAKES (recorded: a student
     edition withholding chapter 4 replays them)."""
-    s, d, w, f = max(step, 1), d_model, warmup, factor
-    return {"expected": _noam(step, d, w, f),
-            "warmup_exponent": f * d**-0.5 * min(s**-0.5, s * w**-0.5),
-            "max": f * d**-0.5 * max(s**-0.5, s * w**-1.5),
-            "no_scale": f * min(s**-0.5, s * w**-1.5),
-            "scale_inverse": f / d * min(s**-0.5, s * w**-1.5),
-            "no_factor": d**-0.5 * min(s**-0.5, s * w**-1.5)}
-
-
-@core.recorded
-def _noam_schedule(d_model: int, warmup: int, factor: float, steps: int) -> list[float]:
-    """noam_lr of the steps 0 … steps (recorded, as _noam_values)."""
-    return [_noam(step, d_model, warmup, factor) for step in range(steps + 1)]
-
-
-def _noam_inputs(gen: torch.Generator, *, paper: bool = False) -> dict:
-    if paper:
-        d_model, warmup, factor = 512, 4000, 1.0
-    else:
-        d_model, warmup = 8 * rand_int(gen, 4, 64), rand_int(gen, 20, 2000)
-        factor = [2.0, 0.5, 1.5][rand_int(gen, 0, 2)]
-    steps = [0, 1, 2, warmup // 2, warmup - 1, warmup, warmup + 1, 2 * warmup, 10 * warmup]
-    return {"calls": [((step, d_model, warmup), {"factor": factor}) for step in steps]}
+    d, w, f = d_model, warmup, factor
+    variants: dict[str, list[float]] = {name: [] for name in ("expected", *_NOAM_MISTAKES)}
+    for step in steps:
+        s = max(step, 1)
+        for name, value in (("expected", _noam(step, d, w, f)),
+                            ("warmup_exponent", f * d**-0.5 * min(s**-0.5, s * w**-0.5)),
+                            ("max", f * d**-0.5 * max(s**-0.5, s * w**-1.5)),
+                            ("no_scale", f * min(s**-0.5, s * w**-1.5)),
+                            ("scale_inverse", f / d * min(s**-0.5, s * w**-1.5)),
+                            ("no_factor", d**-0.5 * min(s**-0.5, s * w**-1.5)),
+                            ("one_step_ahead", _noam(step + 1, d, w, f))):
+            variants[name].append(value)
+    return variants
 
 
 def _number(value: Any) -> float | None:
@@ -455,55 +505,54 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _judge_noam(inputs: dict, outputs: dict) -> None:
-    for ((step, d_model, warmup), kwargs), result in zip(inputs["calls"], outputs["results"]):
-        factor = kwargs["factor"]
-        call = f"noam_lr({step}, d_model={d_model}, warmup={warmup}, factor={factor})"
-        if result["error"] is not None:
-            if step == 0 and result["error"]["type"] == "ZeroDivisionError":
-                fail(f"{call} divides by zero (0 ** -0.5): take step 0 as 1 — a scheduler asks for the lr of "
-                     "step 0 before the first update")
-            fail(f"{call} raised {result['error']['type']}: {result['error']['message']}")
-        values = _noam_values(step, d_model, warmup, factor)
-        got, expected = _number(result["out"]), values["expected"]
-        if got is None:
-            fail(f"{call} must return a number (a Python float); got {type(result['out']).__name__}")
-        if math.isclose(got, expected, rel_tol=1e-6):
-            continue
-        if step == 0 and got == 0:
-            fail(f"{call} = 0: the first update would not move the weights; take step 0 as 1")
-        for bug, message in _NOAM_MISTAKES.items():
-            if math.isclose(got, values[bug], rel_tol=1e-6):
-                fail(f"{call} = {got:.4g}, expected {expected:.4g}: {message}")
-        fail(f"{call} = {got:.4g}, expected {expected:.4g} = factor · d_model^-0.5 · min(step^-0.5, "
-             "step · warmup^-1.5) (for d_model 512 and warmup 4000 the peak is about 7.0e-4)")
+def _formula_mistake(got: list[float], variants: dict[str, list[float]]) -> str | None:
+    """The message of the mistake of _NOAM_MISTAKES whose rates ``got`` are, if any."""
+    for bug, message in _NOAM_MISTAKES.items():
+        if all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(got, variants[bug])):
+            return message
+    return None
 
 
-def _noam_bad_inputs(gen: torch.Generator, *, other: bool = False) -> dict:
-    """One call per ValueError rule: a step that is not a non-negative int, then what the given _check_noam_args
-    refuses (``other``: other values)."""
-    rules = [
-        ("step is negative", (-rand_int(gen, 1, 5), 512, 4000), {}, "step"),
-        ("step is not an int", (7.0 if other else 2.5, 512, 4000), {}, "step"),
-        ("d_model is not a positive int", (10, -8 if other else 0, 4000), {}, "d_model"),
-        ("warmup is not a positive int", (10, 512, -1 if other else 0), {}, "warmup"),
-        ("factor is not positive", (10, 512, 4000), {"factor": -1.0 if other else 0.0}, "factor"),
-    ]
-    return {"calls": [(args, kwargs) for _, args, kwargs, _ in rules],
-            "rules": [(rule, argument) for rule, _, _, argument in rules]}
+def _factor_inputs(gen: torch.Generator, *, paper: bool = False) -> dict:
+    if paper:
+        d_model, warmup, factor = 512, 4000, 1.0
+    else:
+        d_model, warmup = 8 * rand_int(gen, 4, 64), rand_int(gen, 20, 2000)
+        factor = [2.0, 0.5, 1.5][rand_int(gen, 0, 2)]
+    steps = [0, 1, 2, warmup // 2, warmup - 1, warmup, warmup + 1, 2 * warmup, 10 * warmup]
+    return {"lrs": [1.0], "args": (d_model, warmup), "kwargs": {"factor": factor}, "factor_steps": steps}
 
 
-def _judge_noam_bad(inputs: dict, outputs: dict) -> None:
-    for (rule, argument), ((step, d_model, warmup), kwargs), result in zip(inputs["rules"], inputs["calls"],
-                                                                          outputs["results"], strict=True):
-        factor = kwargs.get("factor", 1.0)
-        what = f"noam_lr({step!r}, d_model={d_model}, warmup={warmup}, factor={factor}): {rule}"
-        if argument != "step":
-            what += " (call the given _check_noam_args(d_model, warmup, factor) first)"
-        _expect_value_error(result["error"], (argument,), what)
-
-
-# --- noam_scheduler -------------------------------------------------------------------------------
+def _judge_factors(inputs: dict, outputs: dict) -> None:
+    d_model, warmup = inputs["args"]
+    factor, steps = inputs["kwargs"]["factor"], inputs["factor_steps"]
+    variants = _noam_variants(d_model, warmup, factor, steps)
+    error = outputs["error"]
+    if error is not None:
+        if error["type"] == "ZeroDivisionError":
+            fail("your schedule divides by zero at step 0 (0 ** -0.5): take step 0 as 1 — LambdaLR asks for the "
+                 "factor of step 0 as soon as it is made, before the first update")
+        fail(f"noam_scheduler(optimizer made with lr=1.0, d_model={d_model}, warmup={warmup}, factor={factor}) "
+             f"raised {error['type']}: {error['message']}")
+    got = [_number(value) for value in outputs["factors"]]
+    if any(value is None for value in got):
+        fail("your LambdaLR's lambda must return a number (a Python float) for every step")
+    if all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(got, variants["expected"])):
+        return
+    where = f"d_model={d_model}, warmup={warmup}, factor={factor}"
+    if got[0] == 0:
+        fail(f"{where}: the lr of step 0 is 0, so the first update would not move the weights: take step 0 as 1")
+    mistake = _formula_mistake(got, variants)
+    if mistake:
+        fail(f"{where}: {mistake}")
+    ratios = [a / b for a, b in zip(got, variants["expected"])]
+    if all(math.isclose(r, ratios[0], rel_tol=1e-6) for r in ratios):
+        fail(f"{where}: your lr is {ratios[0]:.4g}× the Noam rate at every step. The schedule is the whole learning "
+             "rate (a base lr such as Adam's usual 1e-3 must not multiply it; the factor argument scales it)")
+    step, value, expected = next((s, a, b) for s, a, b in zip(steps, got, variants["expected"])
+                                 if not math.isclose(a, b, rel_tol=1e-6))
+    fail(f"{where}: the lr of step {step} is {value:.4g}, expected {expected:.4g} = factor · d_model^-0.5 · "
+         "min(step^-0.5, step · warmup^-1.5) (for d_model 512 and warmup 4000 the peak is about 7.0e-4)")
 
 
 def _scheduler_inputs(gen: torch.Generator, lrs: tuple[float, ...] = (1.0,),
@@ -521,7 +570,7 @@ def _base_lrs(inputs: dict) -> list[float]:
 def _judge_scheduler(inputs: dict, outputs: dict) -> None:
     d_model, warmup = inputs["args"]
     factor = inputs["kwargs"]["factor"]
-    schedule = _noam_schedule(d_model, warmup, factor, inputs["steps"])
+    schedule = _noam_variants(d_model, warmup, factor, list(range(inputs["steps"] + 1)))
     if outputs["error"] is not None:
         if inputs.get("initial_lrs"):
             fail(f"noam_scheduler raised {outputs['error']['type']} for an optimizer whose groups have "
@@ -529,26 +578,28 @@ def _judge_scheduler(inputs: dict, outputs: dict) -> None:
                  f"scales initial_lr, so check that one): {outputs['error']['message']}")
         fail(f"noam_scheduler raised {outputs['error']['type']} for an optimizer made with lr=1.0: "
              f"{outputs['error']['message']}")
-    lrs = outputs["lrs"]
+    lrs, expected = outputs["lrs"], schedule["expected"]
     for step, got in enumerate(lrs):
-        expected = schedule[step]
-        if all(math.isclose(lr, expected, rel_tol=1e-6) for lr in got):
+        if all(math.isclose(lr, expected[step], rel_tol=1e-6) for lr in got):
             continue
-        if all(math.isclose(lr, schedule[step + 1], rel_tol=1e-6) for lr in got):
-            fail("the schedule is one step ahead: LambdaLR calls your lambda with the number of scheduler steps "
-                 "taken so far (0 before the first update); pass it to noam_lr unchanged")
         if step and lrs[0] == got:
             fail("the learning rate never changes: LambdaLR(optimizer, lambda step: noam_lr(step, …)) sets it "
                  "at every scheduler step")
+        mistake = _formula_mistake([row[0] for row in lrs], {k: v[: len(lrs)] for k, v in schedule.items()})
+        if mistake is None and all(math.isclose(row[0], e, rel_tol=1e-6) for row, e in zip(lrs, expected[1:])):
+            mistake = _NOAM_MISTAKES["one_step_ahead"]
+        if mistake:
+            fail(f"d_model={d_model}, warmup={warmup}, factor={factor}: {mistake}")
         fail(f"before optimizer step {step} the lr is {got[0]:.4g}; expected noam_lr({step}, {d_model}, {warmup}, "
-             f"factor={factor}) = {expected:.4g}")
+             f"factor={factor}) = {expected[step]:.4g}")
 
 
 def _judge_scheduler_refuses(inputs: dict, outputs: dict) -> None:
     base = _base_lrs(inputs)
     bad = [lr for lr in base if lr != 1.0]
     d_model, warmup = inputs["args"]
-    schedule = _noam_schedule(d_model, warmup, inputs["kwargs"]["factor"], inputs["steps"])  # asked for up front
+    schedule = _noam_variants(d_model, warmup, inputs["kwargs"]["factor"],
+                              list(range(inputs["steps"] + 1)))["expected"]  # asked for up front
     if outputs["error"] is None:
         lrs = outputs["lrs"]
         scaled = all(math.isclose(got, lr * schedule[step], rel_tol=1e-6)
@@ -565,29 +616,36 @@ def _judge_scheduler_refuses(inputs: dict, outputs: dict) -> None:
                         "whole learning rate, so the optimizer's lr must be 1.0)")
 
 
-def _scheduler_bad_d_model_inputs(gen: torch.Generator) -> dict:
-    return {"lrs": [1.0], "args": (0, rand_int(gen, 3, 12)), "kwargs": {}, "steps": 2}
+def _scheduler_bad_inputs(gen: torch.Generator, *, argument: str) -> dict:
+    args = {"d_model": (0, rand_int(gen, 3, 12)), "warmup": (8 * rand_int(gen, 2, 8), -rand_int(gen, 0, 3))}[argument]
+    return {"lrs": [1.0], "args": args, "kwargs": {}, "steps": 2, "argument": argument}
 
 
-def _judge_scheduler_bad_d_model(inputs: dict, outputs: dict) -> None:
-    _expect_value_error(outputs["error"], ("d_model",), "d_model=0 is not a model width")
+def _judge_scheduler_bad(inputs: dict, outputs: dict) -> None:
+    d_model, warmup = inputs["args"]
+    _expect_value_error(outputs["error"], (inputs["argument"],), f"noam_scheduler(optimizer, d_model={d_model}, "
+                        f"warmup={warmup}): {inputs['argument']} is not a positive int (call the given "
+                        "_check_noam_args(d_model, warmup, factor) first)")
+
 
 
 # --- label_smoothed_cross_entropy -----------------------------------------------------------------
 
 
 def _ls_inputs(gen: torch.Generator, *, epsilon: float | None = None, ignore: bool = True, scale: float = 2.0,
-               flat: bool = False) -> dict:
+               flat: bool = False, sentinel: bool = False) -> dict:
+    """Logits and targets; with ``ignore`` some targets are ``ignore_index``: a padding id, or PyTorch's default
+    -100 (``sentinel``: what Hugging Face pads its labels with)."""
     vocab = rand_int(gen, 5, 12)
     shape = (rand_int(gen, 4, 12),) if flat else (rand_int(gen, 2, 4), rand_int(gen, 3, 6))
     logits = torch.randn(*shape, vocab, generator=gen) * scale
     target = torch.randint(0, vocab, shape, generator=gen)
     pad = None
     if ignore:
-        pad = rand_int(gen, 0, vocab - 1)
+        pad = -100 if sentinel else rand_int(gen, 0, vocab - 1)
         target = torch.where(torch.rand(shape, generator=gen) < 0.3, pad, target)
         target.view(-1)[0] = pad  # at least one ignored position
-        target.view(-1)[-1] = (pad + 1) % vocab  # and at least one kept
+        target.view(-1)[-1] = (max(pad, 0) + 1) % vocab  # and at least one kept
     epsilon = [0.1, 0.2, 0.3][rand_int(gen, 0, 2)] if epsilon is None else epsilon
     return {"args": (logits, target), "kwargs": {"epsilon": epsilon, "ignore_index": pad}}
 
@@ -610,7 +668,7 @@ def _ls_variant(inputs: dict, bug: str) -> Tensor:
     log_p = F.log_softmax(logits.double().reshape(-1, vocab), dim=-1)
     target = target.reshape(-1)
     keep = torch.ones_like(target, dtype=torch.bool) if pad is None or bug == "no_ignore" else target != pad
-    onehot = F.one_hot(target, vocab).double()
+    onehot = F.one_hot(target.masked_fill(~keep, 0), vocab).double()
     if bug == "others_only":
         q = (1 - epsilon) * onehot + epsilon / (vocab - 1) * (1 - onehot)
     elif bug == "annotated":
@@ -658,12 +716,24 @@ _LS_MISTAKES = {
 def _ls_mistakes(inputs: dict) -> dict[str, Tensor]:
     """The loss of each mistake of _LS_MISTAKES that these inputs allow (recorded: a student edition withholding
     chapter 4 replays them)."""
-    return {bug: _ls_variant(inputs, bug) for bug in _LS_MISTAKES
-            if bug != "pad_column" or inputs["kwargs"]["ignore_index"] is not None}  # no padding column to leave out
+    pad = inputs["kwargs"]["ignore_index"]
+    # No padding column to leave out without a padding id; no class -100 to count.
+    skip = {"pad_column", "annotated"} if pad is None or pad < 0 else set()
+    skip |= {"no_ignore"} if pad is not None and pad < 0 else set()
+    return {bug: _ls_variant(inputs, bug) for bug in _LS_MISTAKES if bug not in skip}
 
 
 def _judge_ls(inputs: dict, outputs: dict) -> None:
-    got, expected, mistakes = outputs["out"], _ls_expected(inputs), _ls_mistakes(inputs)
+    expected, mistakes = _ls_expected(inputs), _ls_mistakes(inputs)
+    error = outputs.get("error")
+    if error is not None:
+        pad = inputs["kwargs"]["ignore_index"]
+        if pad is not None and pad < 0:
+            fail(f"ignore_index={pad}, PyTorch's default (the label Hugging Face pads with), must be accepted: the "
+                 f"targets equal to it are not class ids, so leave those positions out before one_hot or any check "
+                 f"of the ids (your code raised {error['type']}: {error['message'][:120]})")
+        fail(f"your code raised {error['type']}: {error['message']}")
+    got = outputs["out"]
     if not isinstance(got, Tensor) or got.numel() != 1:
         fail(f"return the mean loss as a 0-dim tensor; got {type(got).__name__}"
              + (f" of shape {tuple(got.shape)}" if isinstance(got, Tensor) else ""))
@@ -726,25 +796,30 @@ def _judge_ls_bad(inputs: dict, outputs: dict) -> None:
         shown = ", ".join(f"{k}={v}" for k, v in kwargs.items())
         _expect_value_error(result["error"], names, f"label_smoothed_cross_entropy(logits of shape "
                             f"{tuple(logits.shape)}, target of shape {tuple(target.shape)} and dtype {target.dtype}"
-                            f"{', ' + shown if shown else ''}): {rule}")
+                            f"{', ' + shown if shown else ''}): {rule} (call the given _check_smoothing_args "
+                            "first)")
 
 
-# --- decoding with a lookup model -----------------------------------------------------------------
 
 
-def _lookup(inputs: dict, *, train: bool = False) -> LookupModel:
-    return LookupModel(**inputs["model"]).train(train)
+
+# --- greedy_search and beam_search_over, on a LookupDecoder -----------------------------------------------------
 
 
-def _decode_args(inputs: dict) -> tuple[Tensor, int, int, int]:
+def _lookup(inputs: dict) -> LookupModel:
+    tables = inputs["decoder"]
+    return LookupModel(tables["first"], tables["second"], torch.zeros(tables["first"].shape[:3]), tables["pad_id"])
+
+
+def _search_args(inputs: dict) -> tuple[Tensor, int, int, int]:
     """(src, max_len, bos_id, eos_id) of a greedy or beam case."""
     args = inputs["args"]
-    return (args[0], args[1], args[2], args[3]) if len(args) == 4 else (args[0], args[2], args[3], args[4])
+    return (inputs["decoder"]["src"], *args[-3:])
 
 
 def _lookup_inputs(gen: torch.Generator, *, default_ids: bool = True, stops: tuple | None = None,
-                   max_len: int = 5, rows: int = 5, history: float = 0.5, train: bool = False) -> dict:
-    """A random LookupModel, and sources that pick its tables. ``stops[i]``: table i ends after exactly that
+                   max_len: int = 5, rows: int = 5, history: float = 0.5) -> dict:
+    """A random LookupModel's tables, and sources that pick them. ``stops[i]``: table i ends after exactly that
     many tokens (None: never ends); without ``stops`` EOS becomes likelier step by step."""
     vocab = rand_int(gen, 7, 9)
     if default_ids:
@@ -754,7 +829,6 @@ def _lookup_inputs(gen: torch.Generator, *, default_ids: bool = True, stops: tup
     n_tables, positions = (len(stops) if stops else 4), max_len + 1
     first = torch.randn(n_tables, positions, vocab, vocab, generator=gen) * 2.0
     second = torch.randn(n_tables, positions, vocab + 1, vocab, generator=gen) * history
-    noise = torch.randn(n_tables, positions, vocab, generator=gen) * 6.0
     if stops:
         for table, stop in enumerate(stops):
             first[table, :, :, eos] = NEVER
@@ -767,8 +841,8 @@ def _lookup_inputs(gen: torch.Generator, *, default_ids: bool = True, stops: tup
     tables = torch.randint(0, n_tables, (rows,), generator=gen)
     tables[:n_tables] = torch.randperm(n_tables, generator=gen)[: min(rows, n_tables)]
     src = torch.cat([tables[:, None], torch.randint(0, vocab, (rows, rand_int(gen, 2, 5)), generator=gen)], dim=1)
-    return {"model": {"first": first, "second": second, "noise": noise, "pad_id": pad},
-            "args": (src, max_len, bos, eos), "kwargs": {}, "train": train}
+    return {"decoder": {"first": first, "second": second, "pad_id": pad, "src": src},
+            "args": (max_len, bos, eos), "kwargs": {}}
 
 
 def _rows_of(out: Any, batch: int) -> list[list[int]]:
@@ -785,10 +859,10 @@ def _rows_of(out: Any, batch: int) -> list[list[int]]:
     return rows
 
 
-def _step_logits(model: LookupModel, src: Tensor, row: int, prefix: list[int]) -> Tensor:
-    """The model's logits for the token after ``prefix`` (BOS included) of source row ``row``."""
+def _log_probs(model: LookupModel, src: Tensor, row: int, prefix: list[int]) -> Tensor:
+    """log p(next token) after ``prefix`` (BOS included) of source row ``row``, in float64."""
     source = src[row : row + 1]
-    return model.decode(torch.tensor([prefix]), model.encode(source), source)[0, -1]
+    return model.decode(torch.tensor([prefix]), model.encode(source), source)[0, -1].double().log_softmax(-1)
 
 
 def _greedy_by_hand(model: LookupModel, src: Tensor, max_len: int, bos: int, eos: int) -> list[list[int]]:
@@ -798,7 +872,7 @@ def _greedy_by_hand(model: LookupModel, src: Tensor, max_len: int, bos: int, eos
     for row in range(src.shape[0]):
         prefix = [bos]
         for _ in range(max_len):
-            token = int(_step_logits(model, src, row, prefix).argmax())
+            token = int(_log_probs(model, src, row, prefix).argmax())
             if token == eos:
                 break
             prefix.append(token)
@@ -813,13 +887,13 @@ def _is_greedy(model: LookupModel, src: Tensor, row: int, tokens: list[int], max
         return False
     prefix = [bos]
     for token in tokens:
-        logits = _step_logits(model, src, row, prefix)
-        if logits[token] < logits.max() - tol:
+        log_p = _log_probs(model, src, row, prefix)
+        if log_p[token] < log_p.max() - tol:
             return False
         prefix.append(token)
     if len(tokens) < max_len:
-        logits = _step_logits(model, src, row, prefix)
-        return bool(logits[eos] >= logits.max() - tol)
+        log_p = _log_probs(model, src, row, prefix)
+        return bool(log_p[eos] >= log_p.max() - tol)
     return True
 
 
@@ -827,10 +901,8 @@ def _is_greedy(model: LookupModel, src: Tensor, row: int, tokens: list[int], max
 def _greedy_rows(inputs: dict) -> dict[str, list[list[int]]]:
     """Greedy decoding by hand: the right rows ("expected"), and the rows of the mistakes _judge_greedy names
     (recorded: a student edition withholding chapter 4 replays them)."""
-    src, max_len, bos, eos = _decode_args(inputs)
+    src, max_len, bos, eos = _search_args(inputs)
     rows = {"expected": _greedy_by_hand(_lookup(inputs), src, max_len, bos, eos)}
-    if inputs["train"]:
-        rows["train"] = _greedy_by_hand(_lookup(inputs, train=True), src, max_len, bos, eos)
     if bos != 1:
         rows["bos_1"] = _greedy_by_hand(_lookup(inputs), src, max_len, 1, eos)
     return rows
@@ -843,15 +915,25 @@ def _first_eos_stops_all(rows: list[list[int]], max_len: int) -> list[list[int]]
     return [r[:steps] for r in rows]
 
 
-def _judge_greedy(inputs: dict, outputs: dict, *, check_feeding: bool = False) -> None:
-    src, max_len, bos, eos = _decode_args(inputs)
+def _judge_calls(inputs: dict, outputs: dict) -> None:
+    """The how-rules the exercises state: one log_probs call per step, and reorder(rows) whenever rows change."""
+    max_len = inputs["args"][-3]
+    calls = outputs["calls"]
+    if len(calls) > max_len:
+        fail(f"decoder.log_probs was called {len(calls)} times for at most {max_len} steps: call it once per step, "
+             "with the prefixes of every row (and every beam) in one batch — one forward pass per step")
+    if outputs["mismatches"]:
+        fail("the prefixes you passed to decoder.log_probs no longer matched the decoder's rows: after re-indexing "
+             "the tokens by parent, re-index the decoder too with decoder.reorder(rows) — a cached decoder keeps "
+             "each row's keys and values, and without it a beam continues another beam's history")
+
+
+def _judge_greedy(inputs: dict, outputs: dict) -> None:
+    src, max_len, bos, eos = _search_args(inputs)
     rows = _rows_of(outputs["out"], src.shape[0])
     model, candidates = _lookup(inputs), _greedy_rows(inputs)
     expected = candidates["expected"]
     if rows != expected and not all(_is_greedy(model, src, r, row, max_len, bos, eos) for r, row in enumerate(rows)):
-        if inputs["train"] and rows == candidates["train"]:
-            fail("you decoded with the model in training mode (dropout on): switch to model.eval() while "
-                 "decoding, and restore the model's mode afterwards")
         if any(eos in row for row in rows):
             fail("a row contains EOS: return each row's tokens up to, not including, its first EOS")
         if any(row[:1] == [bos] for row in rows) and [row[1:] for row in rows] == expected:
@@ -863,94 +945,77 @@ def _judge_greedy(inputs: dict, outputs: dict, *, check_feeding: bool = False) -
             fail(f"a row has more than max_len={max_len} tokens")
         if bos != 1 and rows == candidates["bos_1"]:
             fail(f"start every row with bos_id={bos}, the id the model was trained with, not 1")
+        _judge_calls(inputs, outputs)
         r = next(i for i, (a, b) in enumerate(zip(rows, expected)) if a != b)
         fail(f"row {r}: expected {expected[r]}, got {rows[r]} — at each step take the most likely next token "
-             "(argmax of next_token_logits) and stop the row at its EOS or after max_len tokens")
-    if outputs["training_after"] != inputs["train"]:
-        fail("restore the model's mode after decoding: it was in "
-             f"{'training' if inputs['train'] else 'eval'} mode before your call and is not after")
-    if check_feeding:
-        _judge_feeding(inputs, outputs)
-
-
-def _judge_feeding(inputs: dict, outputs: dict) -> None:
-    if outputs["encode_calls"] != 1:
-        fail(f"the source was encoded {outputs['encode_calls']} times: encode it once, before the loop")
-    if inputs["kwargs"].get("use_cache", True) and any(n != 1 for n in outputs["fed"]):
-        fail(f"with use_cache=True feed only the newest token at each step (the decoder was fed {outputs['fed']} "
-             "tokens per call): make the cache with model.new_cache(memory, max_len) and pass it to "
-             "next_token_logits")
-
-
-def _greedy_no_cache_inputs(gen: torch.Generator) -> dict:
-    inputs = _lookup_inputs(gen, default_ids=False)
-    inputs["kwargs"] = {"use_cache": False}
-    return inputs
-
-
-# --- beam search --------------------------------------------------------------------------------
-
-
-def _log_probs(model: LookupModel, src: Tensor, row: int, prefix: list[int]) -> Tensor:
-    return _step_logits(model, src, row, prefix).double().log_softmax(-1)
+             "(argmax of decoder.log_probs) and stop the row at its EOS or after max_len tokens")
+    _judge_calls(inputs, outputs)
 
 
 def _normalised(score: float, length: int, alpha: float) -> float:
     return score / ((5.0 + length) / 6.0) ** alpha
 
 
+def _beam_row(model: LookupModel, src: Tensor, row: int, beam: int, max_len: int, bos: int, eos: int, alpha: float,
+              bug: str | None = None) -> list[int]:
+    """Beam search of one source row over Python lists (see solutions.decoding), optionally with one known mistake
+    (only for the recorded functions). Live hypotheses are (score, tokens) with BOS first."""
+    live = [(0.0, [bos])] * (beam if bug == "all_start_zero" else 1)
+    finished: list[tuple[float, list[int]]] = []  # (normalised score, tokens without BOS and EOS)
+    eos_length = 0 if bug == "length_without_eos" else 1
+    alpha = 0.0 if bug == "no_length_penalty" else alpha  # no_length_penalty: compared by total log-probability
+    for step in range(1, max_len + 1):
+        candidates = []
+        for score, tokens in live:
+            log_p = _log_probs(model, src, row, tokens)
+            for token in range(log_p.shape[0]):
+                if math.isfinite(log_p[token]):  # never-predicted tokens cannot win
+                    candidates.append((score + float(log_p[token]), tokens + [token]))
+        candidates.sort(key=lambda c: -c[0])  # stable: ties keep expansion order
+        live = []
+        for rank, (score, tokens) in enumerate(candidates[: beam if bug == "top_k_only" else 2 * beam]):
+            if tokens[-1] == eos:
+                if rank < beam:
+                    finished.append((_normalised(score, step - 1 + eos_length, alpha), tokens[1:-1]))
+            elif len(live) < beam:
+                live.append((score, tokens))
+        best = max((value for value, _ in finished), default=-math.inf)
+        live_now = max((score for score, _ in live), default=-math.inf) / ((5.0 + step) / 6.0) ** alpha
+        if finished and (bug == "first_finished" or (len(finished) >= beam if bug == "k_finished"
+                                                     else best >= live_now)):
+            break
+    else:  # max_len steps: the live ones finish as they are
+        finished += [(_normalised(score, max_len, alpha), tokens[1:]) for score, tokens in live]
+    return max(finished, key=lambda h: h[0])[1]
+
+
+def _beam_row_kept_in_beam(model: LookupModel, src: Tensor, row: int, beam: int, max_len: int, bos: int, eos: int,
+                           alpha: float) -> list[int]:
+    """The simplification: finished hypotheses stay in the beam (one continuation at no cost) and compete with the
+    live ones by total log-probability; normalised only at the end (only for the recorded functions)."""
+    hyps = [(0.0, [bos], False)]
+    for _ in range(max_len):
+        candidates = []
+        for score, tokens, done in hyps:
+            if done:
+                candidates.append((score, tokens, True))
+                continue
+            log_p = _log_probs(model, src, row, tokens)
+            candidates += [(score + float(log_p[t]), tokens + [t], t == eos) for t in range(log_p.shape[0])
+                           if math.isfinite(log_p[t])]
+        candidates.sort(key=lambda c: -c[0])
+        hyps = candidates[:beam]
+        if all(done for _, _, done in hyps):
+            break
+    best = max(hyps, key=lambda h: _normalised(h[0], len(h[1]) - 1, alpha))[1][1:]
+    return best[: best.index(eos)] if eos in best else best
+
+
 def _beam_by_hand(model: LookupModel, src: Tensor, beam: int, max_len: int, bos: int, eos: int, alpha: float,
                   bug: str | None = None) -> list[list[int]]:
-    """Beam search over Python lists, one source row at a time, optionally with one known mistake (only for the
-    recorded functions).
-
-    A hypothesis is (score, tokens, finished, length). Each step expands every live hypothesis with every
-    token, keeps finished ones as they are, and keeps the ``beam`` best by score; at the end the best by
-    ``score / ((5 + length) / 6) ** alpha``, length = generated tokens including EOS.
-    """
-    out = []
-    for row in range(src.shape[0]):
-        start = (0.0, [bos], False, 0)
-        hyps = [start] * beam if bug == "all_start_zero" else [start]
-        for _ in range(max_len):
-            candidates = []
-            for score, tokens, finished, length in hyps:
-                if finished and bug != "finished_extended":
-                    candidates.append((score, tokens, True, length + (bug == "filler_counted")))
-                    continue
-                log_p = _log_probs(model, src, row, tokens)
-                for token in range(log_p.shape[0]):
-                    if log_p[token] > -1e3:  # never-predicted tokens cannot win
-                        candidates.append((score + float(log_p[token]), tokens + [token],
-                                           finished or token == eos, length + 1))
-            candidates.sort(key=lambda h: -h[0])  # stable: ties keep expansion order
-            hyps = candidates[:beam]
-            if all(h[2] for h in hyps):
-                break
-        best = max(hyps, key=lambda h: _normalised(h[0], h[3], 0.0 if bug == "no_length_penalty" else alpha))
-        tokens = best[1][1:]
-        out.append(tokens[: tokens.index(eos)] if eos in tokens else tokens)
-    return out
-
-
-def _exhaustive_best(model: LookupModel, src: Tensor, max_len: int, bos: int, eos: int,
-                     alpha: float) -> list[list[int]]:
-    """The best hypothesis of each row by normalised score, over every sequence (small vocabularies only; only for
-    _beam_rows)."""
-    words = [t for t in range(model.config.tgt_vocab) if t != eos and float(model.first[:, :, :, t].max()) > NEVER / 2]
-    out = []
-    for row in range(src.shape[0]):
-        best, best_tokens = -math.inf, None
-        for length in range(1, max_len + 1):
-            for body in itertools.product(words, repeat=length - 1):
-                for last in ([eos] + words if length == max_len else [eos]):
-                    tokens = list(body) + [last]
-                    score = _sequence_score(model, src, row, bos, tokens)
-                    value = _normalised(score, length, alpha)
-                    if value > best:
-                        best, best_tokens = value, tokens
-        out.append(best_tokens[:-1] if best_tokens[-1] == eos else best_tokens)
-    return out
+    if bug == "kept_in_beam":
+        return [_beam_row_kept_in_beam(model, src, row, beam, max_len, bos, eos, alpha) for row in range(len(src))]
+    return [_beam_row(model, src, row, beam, max_len, bos, eos, alpha, bug) for row in range(len(src))]
 
 
 def _sequence_score(model: LookupModel, src: Tensor, row: int, bos: int, tokens: list[int]) -> float:
@@ -960,24 +1025,51 @@ def _sequence_score(model: LookupModel, src: Tensor, row: int, bos: int, tokens:
     return float(log_p[torch.arange(len(tokens)), torch.tensor(tokens)].sum())
 
 
+def _exhaustive_best(model: LookupModel, src: Tensor, max_len: int, bos: int, eos: int,
+                     alpha: float) -> list[list[int]]:
+    """The best hypothesis of each row by normalised score, over every sequence (small vocabularies only; only for
+    _beam_rows)."""
+    words = [t for t in range(model.config.tgt_vocab) if t != eos and bool(model.first[..., t].isfinite().any())]
+    out = []
+    for row in range(src.shape[0]):
+        best, best_tokens = -math.inf, None
+        for length in range(1, max_len + 1):
+            for body in itertools.product(words, repeat=length - 1):
+                for last in ([eos] + words if length == max_len else [eos]):
+                    tokens = list(body) + [last]
+                    value = _normalised(_sequence_score(model, src, row, bos, tokens), length, alpha)
+                    if value > best:
+                        best, best_tokens = value, tokens
+        out.append(best_tokens[:-1] if best_tokens[-1] == eos else best_tokens)
+    return out
+
+
 def _row_value(model: LookupModel, src: Tensor, row: int, tokens: list[int], max_len: int, bos: int, eos: int,
                alpha: float) -> float:
     """The normalised score beam search gives the output ``tokens`` of row ``row``."""
     full = tokens + ([eos] if len(tokens) < max_len else [])
-    if not full:
+    if not full or eos in tokens or len(tokens) > max_len:
         return -math.inf
     return _normalised(_sequence_score(model, src, row, bos, full), len(full), alpha)
 
 
 _BEAM_MISTAKES = {
-    "all_start_zero": "all beams start with score 0, so the first step fills the beam with copies of one prefix "
-    "and the runner-up is lost: start one beam at 0 and the others at -inf",
-    # Counting loop steps instead of tokens up to EOS gives every hypothesis the same length: the same ranking.
-    "no_length_penalty": "length normalisation has no effect: pick the best finished hypothesis by "
-    "score / ((5 + length) / 6) ** length_penalty, with length = its tokens up to and including EOS (not the "
-    "number of steps, which is the same for every beam)",
-    "finished_extended": "finished hypotheses keep being extended (and their scores keep changing): a finished beam "
-    "has exactly one continuation, the filler token, at no cost",
+    "all_start_zero": "your beam search returns the greedy answer: if every beam starts with score 0, the first step "
+    "fills the beam with copies of one prefix (start one beam at 0 and the others at -inf); otherwise keep the "
+    "beam_size best of every live beam × every token, not only the best one",
+    "no_length_penalty": "the finished hypotheses are compared by their total log-probability: compare them by "
+    "score / ((5 + length) / 6) ** length_penalty (length = tokens including EOS)",
+    "length_without_eos": "the length in the penalty leaves out EOS: a finished hypothesis' length counts its tokens "
+    "including EOS, ((5 + length) / 6) ** length_penalty",
+    "kept_in_beam": "finished hypotheses stay in the beam and take the places of live ones: set a hypothesis that "
+    "ends in EOS aside as finished and keep beam_size live hypotheses (the best candidates that do not end in EOS)",
+    "top_k_only": "you kept the beam_size best candidates, so a candidate that ends in EOS leaves fewer live beams: "
+    "take the 2·beam_size best (at most beam_size of them end in EOS) and keep the best beam_size that do not",
+    "first_finished": "a source row stopped at its first finished hypothesis: it is done when its best finished "
+    "hypothesis scores at least as well as its best live one would if it ended now",
+    "k_finished": "a source row stopped once beam_size hypotheses had finished (fairseq's rule) while a live one "
+    "still scored better: it is done when its best finished hypothesis scores at least as well as its best live one "
+    "would if it ended now",
 }
 
 
@@ -985,8 +1077,8 @@ _BEAM_MISTAKES = {
 def _beam_rows(inputs: dict, exhaustive: bool) -> list[list[int]]:
     """The right rows: beam search by hand, or the exhaustive search's best (recorded: a student edition
     withholding chapter 4 replays them)."""
-    src, max_len, bos, eos = _decode_args(inputs)
-    beam, alpha = inputs["args"][1], inputs["kwargs"].get("length_penalty", 0.6)
+    src, max_len, bos, eos = _search_args(inputs)
+    beam, alpha = inputs["args"][0], inputs["kwargs"].get("length_penalty", 0.6)
     if exhaustive:
         return _exhaustive_best(_lookup(inputs), src, max_len, bos, eos, alpha)
     return _beam_by_hand(_lookup(inputs), src, beam, max_len, bos, eos, alpha)
@@ -994,128 +1086,136 @@ def _beam_rows(inputs: dict, exhaustive: bool) -> list[list[int]]:
 
 @core.recorded
 def _beam_mistakes(inputs: dict) -> dict[str, list[list[int]]]:
-    """The rows of each mistake _judge_beam names: training mode, _BEAM_MISTAKES, greedy (recorded, as _beam_rows)."""
-    src, max_len, bos, eos = _decode_args(inputs)
-    beam, alpha = inputs["args"][1], inputs["kwargs"].get("length_penalty", 0.6)
+    """The rows of each mistake of _BEAM_MISTAKES (recorded, as _beam_rows)."""
+    src, max_len, bos, eos = _search_args(inputs)
+    beam, alpha = inputs["args"][0], inputs["kwargs"].get("length_penalty", 0.6)
     model = _lookup(inputs)
-    rows = {bug: _beam_by_hand(model, src, beam, max_len, bos, eos, alpha, bug) for bug in _BEAM_MISTAKES}
-    if inputs["train"]:
-        rows["train"] = _beam_by_hand(_lookup(inputs, train=True), src, beam, max_len, bos, eos, alpha)
-    if beam > 1:
-        rows["greedy"] = _greedy_by_hand(model, src, max_len, bos, eos)
-    return rows
+    return {bug: _beam_by_hand(model, src, beam, max_len, bos, eos, alpha, bug) for bug in _BEAM_MISTAKES
+            if beam > 1 or bug == "no_length_penalty"}
 
 
-def _judge_beam(inputs: dict, outputs: dict, *, exhaustive: bool = False, check_feeding: bool = False) -> None:
-    src, max_len, bos, eos = _decode_args(inputs)
-    beam, alpha = inputs["args"][1], inputs["kwargs"].get("length_penalty", 0.6)
+def _judge_beam(inputs: dict, outputs: dict, *, exhaustive: bool = False) -> None:
+    src, max_len, bos, eos = _search_args(inputs)
+    beam, alpha = inputs["args"][0], inputs["kwargs"].get("length_penalty", 0.6)
     rows = _rows_of(outputs["out"], src.shape[0])
     model, expected = _lookup(inputs), _beam_rows(inputs, exhaustive)
     # Up front, so that a student edition has them for the visible cases; not for the exhaustive search (a hidden
     # case), whose beam as large as the search space makes the mistakes slow to compute when nothing is wrong.
     mistakes = None if exhaustive else _beam_mistakes(inputs)
     wrong = [r for r, (got, want) in enumerate(zip(rows, expected)) if got != want and not math.isclose(
-        _row_value(model, src, r, got, max_len, bos, eos, alpha) if eos not in got and len(got) <= max_len else -1e9,
+        _row_value(model, src, r, got, max_len, bos, eos, alpha),
         _row_value(model, src, r, want, max_len, bos, eos, alpha), abs_tol=1e-4)]
     if wrong:
+        _judge_calls(inputs, outputs)
         mistakes = _beam_mistakes(inputs) if mistakes is None else mistakes
-        if inputs["train"] and rows == mistakes["train"]:
-            fail("you decoded with the model in training mode (dropout on): switch to model.eval() while "
-                 "decoding, and restore the model's mode afterwards")
         if any(eos in row for row in rows):
             fail("a row contains EOS: return each row's tokens up to, not including, its first EOS")
-        matching = [message for bug, message in _BEAM_MISTAKES.items() if rows == mistakes[bug]]
-        if matching:  # on a small model two mistakes can give the same output: name them all
+        if any(row[:1] == [bos] for row in rows):
+            fail("a row starts with BOS: return the generated tokens only")
+        matching = [message for bug, message in _BEAM_MISTAKES.items() if rows == mistakes.get(bug)]
+        if matching:  # on a random model two mistakes can give the same output: name them all
             fail(matching[0] if len(matching) == 1 else "your output is what either of these mistakes gives: "
                  + "; or ".join(matching))
-        if beam > 1 and rows == mistakes["greedy"]:
-            fail(f"your beam search returns the greedy answer: keep the {beam} best prefixes at each step "
-                 "(top-k over every beam × token), not only the best one")
         r = wrong[0]
         fail(f"row {r}: expected {expected[r]} (normalised score "
-             f"{_row_value(model, src, r, expected[r], max_len, bos, eos, alpha):.3f}), got {rows[r]} — each new "
-             "beam must continue its parent's tokens and cache (tokens[rows], cache.reorder(rows)), and a finished "
-             "beam stays as it is")
-    if outputs["training_after"] != inputs["train"]:
-        fail("restore the model's mode after decoding: it was in "
-             f"{'training' if inputs['train'] else 'eval'} mode before your call and is not after")
-    if check_feeding:
-        _judge_feeding(inputs, outputs)
+             f"{_row_value(model, src, r, expected[r], max_len, bos, eos, alpha):.3f}), got {rows[r]} — per step: "
+             "candidates = every live beam × every token, scored by total log-probability; parent = index // vocab, "
+             "token = index % vocab; an EOS among the beam_size best is set aside as finished")
+    _judge_calls(inputs, outputs)
 
 
 def _beam_inputs(gen: torch.Generator, *, beam: int = 3, alpha: float = 0.6, **kwargs: Any) -> dict:
     inputs = _lookup_inputs(gen, rows=3, history=1.5, **kwargs)
-    src, max_len, bos, eos = inputs["args"]
-    inputs["args"] = (src, beam, max_len, bos, eos)
-    inputs["kwargs"] = {"length_penalty": alpha, **inputs["kwargs"]}
+    inputs["args"] = (beam, *inputs["args"])
+    inputs["kwargs"] = {"length_penalty": alpha}
     return inputs
 
 
-def _trap_inputs(gen: torch.Generator) -> dict:
-    """Three hand-built tables. Table 0: greedy's first choice (p 0.5) leads nowhere likely; the runner-up (p 0.4)
-    ends with p 0.9, so beam search with 2 beams finds the more probable translation greedy misses. Table 1:
-    the best total log-probability is a short answer, the best length-normalised score a longer one. Table 2:
-    the best answer finishes first and must stay as it is while the other beam goes on."""
-    vocab, max_len = 8, 5
-    bos, eos, pad = 1, 2, 0
-    a, b, c, d = (torch.randperm(vocab - 3, generator=gen)[:4] + 3).tolist()
-    first = torch.full((3, max_len + 1, vocab, vocab), -8.0)
+def _hand_built(gen: torch.Generator, specs: list[list[tuple[int | slice, str | slice, dict[str, float]]]], *,
+                beam: int, max_len: int, alpha: float) -> dict:
+    """Tables written as next-token probabilities: ``specs[table]`` lists (step, previous token, {token: p}) with
+    the tokens named "a" … "d" and "E" (EOS); the letters get random ids, the tables a random order; every token
+    not listed gets a tiny probability (logit -12), BOS and padding none."""
+    vocab, bos, eos, pad = 8, 1, 2, 0
+    letters = dict(zip("abcd", (torch.randperm(vocab - 3, generator=gen)[:4] + 3).tolist()), E=eos)
+    first = torch.full((len(specs), max_len + 1, vocab, vocab), -12.0)
+    for table, spec in enumerate(specs):
+        for step, previous, probabilities in spec:
+            after = letters[previous] if isinstance(previous, str) else previous
+            for token, p in probabilities.items():
+                first[table, step, after, letters[token]] = math.log(p)
     first[..., bos] = NEVER
     first[..., pad] = NEVER
+    order = torch.randperm(len(specs), generator=gen)
+    src = torch.cat([order[:, None], torch.randint(3, vocab, (len(specs), 3), generator=gen)], dim=1)
+    return {"decoder": {"first": first, "second": torch.zeros(len(specs), max_len + 1, vocab + 1, vocab),
+                        "pad_id": pad, "src": src},
+            "args": (beam, max_len, bos, eos), "kwargs": {"length_penalty": alpha}}
 
-    def distribution(table: int, step: int | slice, after: int | slice, probs: dict[int, float]) -> None:
-        for token, p in probs.items():
-            first[table, step, after, token] = math.log(p)
 
-    distribution(0, 0, slice(None), {a: 0.5, b: 0.4, c: 0.1})
-    distribution(0, 1, a, {c: 0.3, eos: 0.25, b: 0.25, d: 0.2})
-    distribution(0, 1, b, {eos: 0.9, c: 0.1})
-    distribution(0, 1, c, {eos: 0.9, d: 0.1})
-    distribution(0, slice(2, None), slice(None), {eos: 0.9, d: 0.1})
-    distribution(1, 0, slice(None), {b: 0.6, a: 0.4})
-    distribution(1, 1, a, {eos: 0.9, c: 0.1})
-    distribution(1, 1, b, {c: 0.8, eos: 0.1, a: 0.1})
-    distribution(1, 2, c, {d: 0.74, eos: 0.2, a: 0.06})
-    distribution(1, slice(3, None), slice(None), {eos: 0.9, a: 0.1})
-    distribution(2, 0, slice(None), {a: 0.85, b: 0.15})
-    distribution(2, 1, a, {eos: 0.9, c: 0.1})
-    distribution(2, 1, b, {c: 0.99})
-    distribution(2, 2, c, {d: 0.99})
-    distribution(2, slice(3, None), slice(None), {eos: 0.9, a: 0.1})
-    first[:, :, eos, :] = -8.0  # after EOS anything goes: a finished hypothesis must not be extended
-    first[:, :, eos, bos] = NEVER
-    first[:, :, eos, pad] = NEVER
-    order = torch.randperm(3, generator=gen)
-    src = torch.cat([order[:, None], torch.randint(3, vocab, (3, 3), generator=gen)], dim=1)
-    return {"model": {"first": first, "second": torch.zeros(3, max_len + 1, vocab + 1, vocab),
-                      "noise": torch.randn(3, max_len + 1, vocab, generator=gen) * 6.0, "pad_id": pad},
-            "args": (src, 2, max_len, bos, eos), "kwargs": {"length_penalty": 1.0}, "train": False}
+ALL = slice(None)
+# Greedy's first choice (a, p 0.5) leads nowhere likely; the runner-up (b, 0.4) ends with p 0.9: 2 beams find it.
+_GREEDY_TRAP = [(0, ALL, {"a": 0.5, "b": 0.4, "c": 0.1}), (1, "a", {"c": 0.3, "E": 0.25, "b": 0.25, "d": 0.2}),
+                (1, "b", {"E": 0.9, "c": 0.1}), (slice(2, None), ALL, {"E": 0.9, "d": 0.1})]
+# "" (EOS first, p 0.3) is more probable than "a c d" (p 0.27), which has the better normalised score; "a" leads
+# all the way, so the row goes on until "a c d" has finished.
+_LONGER_WINS = [(0, ALL, {"a": 0.5, "E": 0.3, "b": 0.2}), (1, "a", {"c": 0.8, "E": 0.12, "d": 0.08}),
+                (2, "c", {"d": 0.8, "E": 0.12, "a": 0.08}), (3, "d", {"E": 0.85, "b": 0.15}),
+                (slice(4, None), ALL, {"E": 0.9, "a": 0.1})]
+# EOS set aside, it must not take the place of b (p 0.28), whose "b d" ends with p 0.99 · 0.99 and wins.
+_SET_ASIDE = [(0, ALL, {"a": 0.42, "E": 0.3, "b": 0.28}), (1, "a", {"c": 0.55, "E": 0.45}),
+              (1, "b", {"d": 0.99, "a": 0.01}), (2, "d", {"E": 0.99, "c": 0.01}), (2, "c", {"E": 0.9, "a": 0.1}),
+              (slice(3, None), ALL, {"E": 0.9, "b": 0.1})]
+# The length counts EOS: "" (p 0.3, 1 token) beats "a c d" (p 0.155, 4 tokens); counted without EOS, 0 tokens
+# against 3 would reverse it.
+_EOS_COUNTS = [(0, ALL, {"a": 0.5, "E": 0.3, "b": 0.2}), (1, "a", {"c": 0.6, "d": 0.3, "E": 0.1}),
+               (2, "c", {"d": 0.7, "E": 0.2, "a": 0.1}), (3, "d", {"E": 0.74, "b": 0.26}),
+               (slice(4, None), ALL, {"E": 0.9, "a": 0.1})]
+# "" finishes first (p 0.25); "a" (p 0.54) finishes next and wins: a row is not done at its first finished one.
+_NOT_THE_FIRST = [(0, ALL, {"a": 0.6, "E": 0.25, "b": 0.15}), (1, "a", {"E": 0.9, "c": 0.1}),
+                  (1, "b", {"c": 0.9, "E": 0.1}), (slice(2, None), ALL, {"E": 0.9, "d": 0.1})]
+
+
+# "" (p 0.25) and "a" (p 0.24) finish first; "a c" (p 0.34) finishes later and wins: two finished hypotheses do
+# not end the row while a live one can still beat them.
+_NOT_AT_K = [(0, ALL, {"a": 0.6, "E": 0.25, "b": 0.15}), (1, "a", {"c": 0.6, "E": 0.4}),
+             (1, "b", {"d": 0.9, "E": 0.1}), (2, "c", {"E": 0.95, "d": 0.05}), (2, "d", {"E": 0.5, "c": 0.5}),
+             (slice(3, None), ALL, {"E": 0.9, "a": 0.1})]
+# "" (p 0.25) finishes first and is the best answer; kept in the beam, it is pushed out at the next step by "a c"
+# and "a d" (p 0.35 and 0.32), which never end.
+_DISPLACED = [(0, ALL, {"a": 0.7, "E": 0.25, "b": 0.05}), (1, "a", {"c": 0.5, "d": 0.45, "E": 0.05}),
+              (slice(2, None), ALL, {"a": 0.6, "b": 0.4})]
+
+def _trap_inputs(gen: torch.Generator) -> dict:
+    """Seven hand-built tables, 2 beams, length_penalty 1: each a trap for one mistake (see their comments)."""
+    return _hand_built(gen, [_GREEDY_TRAP, _LONGER_WINS, _SET_ASIDE, _EOS_COUNTS, _NOT_THE_FIRST, _NOT_AT_K, _DISPLACED],
+                       beam=2, max_len=5, alpha=1.0)
 
 
 def _beam_exhaustive_inputs(gen: torch.Generator) -> dict:
-    alpha = [0.0, 0.6, 1.0][rand_int(gen, 0, 2)]
+    """Without length normalisation a live score only falls, so a beam as large as the search space is exact."""
+    alpha = 0.0
     inputs = _lookup_inputs(gen, max_len=3, rows=3, history=1.0)
-    src, max_len, bos, eos = inputs["args"]
-    words = inputs["model"]["first"].shape[-1] - 2  # BOS and padding are never predicted
-    inputs["args"] = (src, words**max_len, max_len, bos, eos)  # a beam as large as the search space: exact
+    words = inputs["decoder"]["first"].shape[-1] - 2  # BOS and padding are never predicted
+    inputs["args"] = (words**3, *inputs["args"])  # a beam as large as the search space: exact
     inputs["kwargs"] = {"length_penalty": alpha}
     return inputs
 
 
 def _beam_one_inputs(gen: torch.Generator) -> dict:
     inputs = _lookup_inputs(gen, rows=4, history=1.0)
-    src, max_len, bos, eos = inputs["args"]
-    inputs["args"] = (src, 1, max_len, bos, eos)
+    inputs["args"] = (1, *inputs["args"])
     return inputs
 
 
 def _judge_beam_one(inputs: dict, outputs: dict) -> None:
-    src, max_len, bos, eos = _decode_args(inputs)
+    src, max_len, bos, eos = _search_args(inputs)
     rows = _rows_of(outputs["out"], src.shape[0])
     model = _lookup(inputs)
     expected = _greedy_rows(inputs)["expected"]
     if not all(_is_greedy(model, src, r, row, max_len, bos, eos) for r, row in enumerate(rows)):
         fail(f"with beam_size=1 beam search must equal greedy decoding: expected {expected}, got {rows}")
+    _judge_calls(inputs, outputs)
 
 
 CHECKS: dict[str, Check] = {
@@ -1124,15 +1224,19 @@ CHECKS: dict[str, Check] = {
         visible=(
             Case("labels are the decoder input shifted left by one (padded rows of different lengths)",
                  lambda g: _tf_inputs(g, default_ids=False), "call", _judge_tf),
-            Case("each stated ValueError rule in turn (tgt's shape and dtype, the ids, BOS/EOS in tgt, right "
-                 "padding)", _tf_bad_inputs, "call_each", _judge_tf_bad),
+            Case("a column of padding in every row is kept (both outputs have seq + 1 columns)",
+                 lambda g: _tf_inputs(g, default_ids=False, padding_column=True), "call", _judge_tf),
+            Case("bad input refused (the given _check_teacher_forcing_args is called first)", _tf_bad_inputs,
+                 "call_each", _judge_tf_bad),
         ),
         hidden=(
             Case("the data set's ids (bos 1, eos 2, pad 0)", _tf_inputs, "call", _judge_tf),
             Case("a row without tokens", lambda g: _tf_inputs(g, default_ids=False, empty_row=True), "call", _judge_tf),
             Case("no padding at all", lambda g: _tf_inputs(g, no_padding=True), "call", _judge_tf),
-            Case("every ValueError rule again, other ids and other ways to break it",
-                 lambda g: _tf_bad_inputs(g, other=True), "call_each", _judge_tf_bad),
+            Case("a column of padding in every row, the data set's ids", lambda g: _tf_inputs(g, padding_column=True),
+                 "call", _judge_tf),
+            Case("bad input again, other ids and other ways", lambda g: _tf_bad_inputs(g, other=True), "call_each",
+                 _judge_tf_bad),
         ),
     ),
     "DecoderLayer": Check(
@@ -1143,8 +1247,8 @@ CHECKS: dict[str, Check] = {
             Case("a target position never sees later positions", _future_inputs, "module_forward_each", _judge_future),
             Case("more source padding does not change the output (pre-norm)",
                  lambda g: _padding_inputs(g, norm_first=True), "module_forward_each", _judge_padding),
-            Case("one position at a time with a cache gives the outputs of the full pass", _steps_inputs,
-                 "decoder_layer_steps", _judge_steps),
+            Case("training mode: dropout where nn.TransformerDecoderLayer puts it (same masks)",
+                 lambda g: _decoder_inputs(g, dropout=0.5), "module_forward_fixed_dropout", _judge_train_mode),
         ),
         hidden=(
             Case("pre-norm layer equals nn.TransformerDecoderLayer(norm_first=True)",
@@ -1159,29 +1263,19 @@ CHECKS: dict[str, Check] = {
                  "module_forward_or_error", _judge_decoder),
             Case("post-norm: more source padding does not change the output", _padding_inputs,
                  "module_forward_each", _judge_padding),
+            Case("training mode, pre-norm: dropout where nn.TransformerDecoderLayer puts it",
+                 lambda g: _decoder_inputs(g, norm_first=True, dropout=0.3), "module_forward_fixed_dropout",
+                 _judge_train_mode),
         ),
         # nn.MultiheadAttention's and nn.TransformerDecoderLayer's own forward passes.
         forbidden=("multi_head_attention_forward", "_native_multi_head_attention"),
     ),
-    "noam_lr": Check(
-        name="noam_lr",
-        visible=(
-            Case("warm-up then decay, d_model 512 and warmup 4000 (peak ≈ 7.0e-4)",
-                 lambda g: _noam_inputs(g, paper=True), "call_each", _judge_noam),
-            Case("other sizes and factors, step 0 included", _noam_inputs, "call_each", _judge_noam),
-            Case("each stated ValueError rule in turn (step, then the given _check_noam_args)", _noam_bad_inputs,
-                 "call_each", _judge_noam_bad),
-        ),
-        hidden=(
-            Case("more sizes and factors", _noam_inputs, "call_each", _judge_noam),
-            Case("every ValueError rule again, other values", lambda g: _noam_bad_inputs(g, other=True), "call_each",
-                 _judge_noam_bad),
-        ),
-    ),
     "noam_scheduler": Check(
         name="noam_scheduler",
         visible=(
-            Case("the optimizer's lr follows noam_lr, step after step", _scheduler_inputs, "scheduler_lrs",
+            Case("the lr is the Noam rate at d_model 512 and warmup 4000 (peak ≈ 7.0e-4; step 0 taken as 1)",
+                 lambda g: _factor_inputs(g, paper=True), "scheduler_factors", _judge_factors),
+            Case("the optimizer's lr follows the schedule, step after step", _scheduler_inputs, "scheduler_lrs",
                  _judge_scheduler),
             Case("an optimizer made with lr=1e-3 is refused", lambda g: _scheduler_inputs(g, lrs=(1e-3,)),
                  "scheduler_lrs", _judge_scheduler_refuses),
@@ -1190,73 +1284,76 @@ CHECKS: dict[str, Check] = {
                  _judge_scheduler_refuses),
             Case("a group whose initial_lr is 1.0 is accepted, whatever its current lr",
                  lambda g: _scheduler_inputs(g, lrs=(0.25,), initial_lrs=(1.0,)), "scheduler_lrs", _judge_scheduler),
+            Case("d_model 0 is refused (the given _check_noam_args is called first)",
+                 lambda g: _scheduler_bad_inputs(g, argument="d_model"), "scheduler_lrs", _judge_scheduler_bad),
         ),
         hidden=(
+            Case("other sizes and factors", _factor_inputs, "scheduler_factors", _judge_factors),
             Case("two parameter groups", lambda g: _scheduler_inputs(g, lrs=(1.0, 1.0)), "scheduler_lrs",
                  _judge_scheduler),
             Case("one of two groups with lr=0.5 is refused", lambda g: _scheduler_inputs(g, lrs=(1.0, 0.5)),
                  "scheduler_lrs", _judge_scheduler_refuses),
-            Case("d_model 0 is refused", _scheduler_bad_d_model_inputs, "scheduler_lrs", _judge_scheduler_bad_d_model),
+            Case("a warmup that is not positive is refused", lambda g: _scheduler_bad_inputs(g, argument="warmup"),
+                 "scheduler_lrs", _judge_scheduler_bad),
         ),
     ),
     "label_smoothed_cross_entropy": Check(
         name="label_smoothed_cross_entropy",
         visible=(
-            Case("equals F.cross_entropy(label_smoothing=ε, ignore_index=pad) on a padded batch", _ls_inputs, "call",
-                 _judge_ls),
-            Case("large logits give a finite loss", lambda g: _ls_inputs(g, scale=60.0), "call", _judge_ls),
-            Case("each stated ValueError rule in turn (epsilon, the shapes, the target's dtype and ids)",
-                 _ls_bad_inputs, "call_each", _judge_ls_bad),
+            Case("equals F.cross_entropy(label_smoothing=ε, ignore_index=pad) on a padded batch", _ls_inputs,
+                 "call_or_error", _judge_ls),
+            Case("labels padded with PyTorch's ignore_index=-100 are accepted", lambda g: _ls_inputs(g, sentinel=True),
+                 "call_or_error", _judge_ls),
+            Case("large logits give a finite loss", lambda g: _ls_inputs(g, scale=60.0), "call_or_error", _judge_ls),
+            Case("bad input refused (the given _check_smoothing_args is called first)", _ls_bad_inputs, "call_each",
+                 _judge_ls_bad),
         ),
         hidden=(
-            Case("no ignore_index", lambda g: _ls_inputs(g, ignore=False), "call", _judge_ls),
-            Case("epsilon 0 is the plain cross-entropy", lambda g: _ls_inputs(g, epsilon=0.0), "call", _judge_ls),
-            Case("epsilon 1 is the uniform target", lambda g: _ls_inputs(g, epsilon=1.0), "call", _judge_ls),
-            Case("(N, vocab) logits", lambda g: _ls_inputs(g, flat=True), "call", _judge_ls),
+            Case("no ignore_index", lambda g: _ls_inputs(g, ignore=False), "call_or_error", _judge_ls),
+            Case("epsilon 0 is the plain cross-entropy", lambda g: _ls_inputs(g, epsilon=0.0), "call_or_error",
+                 _judge_ls),
+            Case("epsilon 1 is the uniform target", lambda g: _ls_inputs(g, epsilon=1.0), "call_or_error", _judge_ls),
+            Case("(N, vocab) logits, ignore_index=-100", lambda g: _ls_inputs(g, flat=True, sentinel=True),
+                 "call_or_error", _judge_ls),
             Case("gradient equals F.cross_entropy's", _ls_grad_inputs, "call_with_grad", _judge_ls_grad),
-            Case("every ValueError rule again, other values", lambda g: _ls_bad_inputs(g, other=True), "call_each",
-                 _judge_ls_bad),
+            Case("bad input again, other values", lambda g: _ls_bad_inputs(g, other=True), "call_each", _judge_ls_bad),
         ),
         # PyTorch's own cross-entropy (label_smoothing=...) and the NLL loss under it.
         forbidden=("cross_entropy*", "nll_loss*"),
     ),
-    "greedy_decode": Check(
-        name="greedy_decode",
+    "greedy_search": Check(
+        name="greedy_search",
         visible=(
-            Case("each row stops at its own EOS (rows of 1, 2, 3 and max_len tokens in one batch)",
-                 lambda g: _lookup_inputs(g, default_ids=False, stops=(1, None, 3, 2)), "decode_lookup",
+            Case("each row stops at its own EOS (rows of 1, 2, 3 and max_len tokens in one batch), one decoder call "
+                 "per step", lambda g: _lookup_inputs(g, default_ids=False, stops=(1, None, 3, 2)), "search_lookup",
                  _judge_greedy),
-            Case("a model handed over in training mode decodes in eval mode and gets its mode back",
-                 lambda g: _lookup_inputs(g, train=True), "decode_lookup", _judge_greedy),
         ),
         hidden=(
-            Case("the data set's ids (bos 1, eos 2, pad 0)", _lookup_inputs, "decode_lookup", _judge_greedy),
-            Case("use_cache=False gives the same tokens", _greedy_no_cache_inputs, "decode_lookup", _judge_greedy),
-            Case("encodes once; with the cache each step feeds one token",
-                 lambda g: _lookup_inputs(g, default_ids=False, stops=(None, 2)), "decode_lookup",
-                 lambda i, o: _judge_greedy(i, o, check_feeding=True)),
-            Case("max_len 1", lambda g: _lookup_inputs(g, max_len=1), "decode_lookup", _judge_greedy),
+            Case("the data set's ids (bos 1, eos 2, pad 0)", _lookup_inputs, "search_lookup", _judge_greedy),
+            Case("other ids, a model with two tokens of history", lambda g: _lookup_inputs(g, default_ids=False,
+                                                                                             history=1.5),
+                 "search_lookup", _judge_greedy),
+            Case("max_len 1", lambda g: _lookup_inputs(g, max_len=1), "search_lookup", _judge_greedy),
         ),
     ),
-    "beam_search": Check(
-        name="beam_search",
+    "beam_search_over": Check(
+        name="beam_search_over",
         visible=(
-            Case("2 beams find the more probable translation that greedy misses, length normalisation picks the "
-                 "longer one when it should, a finished beam stays as it is", _trap_inputs, "decode_lookup",
-                 _judge_beam),
-            Case("each beam continues its parent's tokens and cache (3 beams, a model with two tokens of history)",
-                 _beam_inputs, "decode_lookup", _judge_beam),
-            Case("beam_size=1 equals greedy", _beam_one_inputs, "decode_lookup", _judge_beam_one),
+            Case("2 beams: the translation greedy misses, finished hypotheses set aside, length normalisation with "
+                 "EOS counted, a row done when its best finished hypothesis beats every live one", _trap_inputs,
+                 "search_lookup", _judge_beam),
+            Case("each beam continues its parent's state (3 beams, a model with two tokens of history), one decoder "
+                 "call per step", _beam_inputs, "search_lookup", _judge_beam),
+            Case("beam_size=1 equals greedy", _beam_one_inputs, "search_lookup", _judge_beam_one),
         ),
         hidden=(
-            Case("a beam as large as the search space finds the best hypothesis", _beam_exhaustive_inputs,
-                 "decode_lookup", lambda i, o: _judge_beam(i, o, exhaustive=True)),
+            Case("a beam as large as the search space finds the most probable hypothesis", _beam_exhaustive_inputs,
+                 "search_lookup", lambda i, o: _judge_beam(i, o, exhaustive=True)),
             Case("other ids, 4 beams, no length normalisation",
-                 lambda g: _beam_inputs(g, beam=4, alpha=0.0, default_ids=False), "decode_lookup", _judge_beam),
-            Case("training mode handed over", lambda g: _beam_inputs(g, train=True), "decode_lookup", _judge_beam),
-            Case("encodes once; with the cache each step feeds one token per beam",
-                 lambda g: _beam_inputs(g, alpha=1.0, default_ids=False), "decode_lookup",
-                 lambda i, o: _judge_beam(i, o, check_feeding=True)),
+                 lambda g: _beam_inputs(g, beam=4, alpha=0.0, default_ids=False), "search_lookup", _judge_beam),
+            Case("5 beams, length_penalty 1", lambda g: _beam_inputs(g, beam=5, alpha=1.0), "search_lookup",
+                 _judge_beam),
+            Case("the traps again, other letters", _trap_inputs, "search_lookup", _judge_beam),
         ),
     ),
 }

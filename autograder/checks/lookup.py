@@ -1,11 +1,12 @@
 """A stand-in translation model for the chapter-4 decoding checks: next-token logits from tables.
 
-The decoding exercises (greedy, beam search) take a model with ``encode``/``decode``. The
-checks cannot send a ``solutions.transformer.Transformer`` to the learner's kernel (only
-plain data crosses, and the library is hidden there), and a trained network would make
-the expected answers hard to know. This model is a few tables sent as tensors: the probe
-builds it in the learner's kernel, the judge builds the same one to compute the answer
-(by brute force), so both sides see exactly the same probabilities.
+The decoding exercises (greedy and beam search) take a decoder (``solutions.decoding.Decoder``'s
+protocol) over a model with ``encode``/``decode``. The checks cannot send a
+``solutions.transformer.Transformer`` to the learner's kernel (only plain data crosses, and the
+library is hidden there), and a trained network would make the expected answers hard to know.
+This model is a few tables sent as tensors: the probe builds it (and :class:`LookupDecoder` over
+it) in the learner's kernel, the judge builds the same one to compute the answer (by brute
+force), so both sides see exactly the same probabilities.
 
 Source row ``b`` uses table ``src[b, 0]``. After the prefix ``y_0 … y_t`` (``y_0`` = BOS) the
 logits of the next token are ``first[table, t, y_t] + second[table, t, y_(t-1)]``, with
@@ -17,6 +18,10 @@ It speaks the protocol of ``solutions.transformer.Transformer``: ``config`` (``t
 ``max_len``, ``pad_id``), ``encode(src)``, ``decode(tgt_in, memory, src, cache=None)``,
 ``new_cache(memory, max_len=None)`` (a cache that holds the prefix and has ``reorder``),
 ``train``/``eval``/``training``; and it counts what it is asked to do.
+
+:class:`LookupDecoder` speaks the protocol of ``solutions.decoding.Decoder`` (``batch``, ``device``,
+``log_probs(tokens)``, ``reorder(rows)``) over such a model, and keeps its rows' state as a cached
+decoder does: each row remembers the prefix it was fed and a call reads only the tokens after it.
 """
 
 from __future__ import annotations
@@ -112,3 +117,58 @@ class LookupModel:
         if cache is not None:
             cache.tokens = prefix
         return logits
+
+
+class LookupDecoder:
+    """``solutions.decoding.Decoder``'s protocol over a :class:`LookupModel` (eval mode), keeping each row's state the
+    way a cached decoder does.
+
+    Each row remembers the prefix it has been fed; ``log_probs(tokens)`` reads only the tokens after it and
+    computes from the remembered prefix. A search that re-indexes its prefixes without ``reorder(rows)`` therefore
+    gets the log-probabilities of another beam's history, as it would with a real cache. It records the rows of
+    every call (``calls``), the calls whose prefixes disagreed with the rows' history (``mismatches``) and the
+    ``reorder`` calls (``reorders``).
+    """
+
+    def __init__(self, first: Tensor, second: Tensor, pad_id: int, src: Tensor) -> None:
+        self.model = LookupModel(first, second, torch.zeros(first.shape[:3]), pad_id)
+        self.src = src
+        self.memory = self.model.encode(src)
+        self.history = torch.zeros(src.shape[0], 0, dtype=torch.long)
+        self.calls: list[int] = []
+        self.mismatches = 0
+        self.reorders = 0
+
+    @property
+    def batch(self) -> int:
+        return self.src.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def log_probs(self, tokens: Tensor) -> Tensor:
+        """log p(next token) ``(batch, vocab)`` after each row's prefix ``tokens`` (BOS first)."""
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
+            raise ValueError(f"tokens must be a (batch, seq) tensor of token ids; got "
+                             f"{tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__}")
+        if tokens.shape[0] != self.batch:
+            raise ValueError(f"the decoder holds {self.batch} rows (after the reorder calls so far) and tokens has "
+                             f"{tokens.shape[0]}: call decoder.reorder(rows) whenever the rows change")
+        self.calls.append(int(tokens.shape[0]))
+        known = self.history.shape[1]
+        if tokens.shape[1] > known:
+            if not torch.equal(tokens[:, :known], self.history):
+                self.mismatches += 1
+            prefix = torch.cat([self.history, tokens[:, known:]], dim=1)  # what a cache would compute from
+            self.history = prefix
+        else:
+            prefix = tokens  # a prefix fed again: computed whole, the state unchanged
+        return self.model.decode(prefix, self.memory, self.src)[:, -1].float().log_softmax(dim=-1)
+
+    def reorder(self, rows: Tensor) -> None:
+        """Row i continues old row ``rows[i]`` (rows may repeat or be left out)."""
+        if not isinstance(rows, Tensor) or rows.dim() != 1 or rows.is_floating_point() or rows.dtype == torch.bool:
+            raise ValueError("rows must be a 1-D tensor of row numbers")
+        self.reorders += 1
+        self.src, self.memory, self.history = self.src[rows], self.memory[rows], self.history[rows]

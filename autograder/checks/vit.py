@@ -3,7 +3,8 @@
 Each judge compares with an independent reference — image blocks cut with
 ``Tensor.unfold`` (patchify), ``F.conv2d`` (the patch embedding), torchvision's
 ``VisionTransformer`` with the same weights (the forward pass and the parameter
-count) and torchvision's ``interpolate_embeddings`` (a new image size) — and,
+count), torchvision's ``interpolate_embeddings`` (a new image size) and the attention
+rollout written out — and,
 when the answer is wrong, names the usual mistake whose output it is. What the checks
 compute themselves (the patches, the conv's weight as a Linear's, [CLS] and positions)
 and every mistake one edit away from an answer are computed in ``@core.recorded``
@@ -129,13 +130,18 @@ def _judge_indivisible(inputs: dict, outputs: dict) -> None:
 # --- patch_embedding_from_conv -----------------------------------------------------------------------
 
 
-def _conv_inputs(gen: torch.Generator, *, bias: bool = True, dtype=torch.float32, channels=(2, 3), stride=None) -> dict:
+def _conv_inputs(gen: torch.Generator, *, bias: bool = True, dtype=torch.float32, channels=(2, 3), stride=None,
+                 habits: bool = False) -> dict:
+    """A patch conv and images; ``habits``: made as PyTorch users often write it, kernel and stride as tuples and
+    ``padding="valid"`` (the same conv)."""
     c, p = rand_int(gen, *channels), rand_int(gen, 2, 3)
     d_model = rand_int(gen, 3, 8)
     h, w = rand_int(gen, 1, 3), rand_int(gen, 1, 3)
     images = torch.randn(rand_int(gen, 1, 2), c, h * p, w * p, generator=gen, dtype=dtype)
     weight = 0.5 * torch.randn(d_model, c, p, p, generator=gen, dtype=dtype)
     conv = {"kernel_size": p, "stride": p if stride is None else stride}
+    if habits:
+        conv = {"kernel_size": (p, p), "stride": (p, p), "padding": "valid"}
     return {"weight": weight, "bias": 0.5 * torch.randn(d_model, generator=gen, dtype=dtype) if bias else None,
             "conv": conv, "images": images, "patches": _blocks(images, p)}
 
@@ -164,6 +170,11 @@ _CONV_MISTAKES = {
 
 
 def _judge_conv(inputs: dict, outputs: dict) -> None:
+    error = outputs.get("error")
+    if error is not None and inputs["conv"].get("padding") == "valid":
+        fail(f"a Conv2d made with kernel_size={inputs['conv']['kernel_size']}, stride={inputs['conv']['stride']} and "
+             "padding='valid' — how PyTorch users often write the same patch conv (conv.padding is then the string "
+             f"'valid', not (0, 0)) — must be accepted; your code raised {error['type']}: {error['message'][:150]}")
     _no_error(outputs)
     if not outputs["is_linear"]:
         fail("return an nn.Linear (in_features = p·p·channels, out_features = d_model) with the conv's weights")
@@ -264,10 +275,13 @@ def _judge_cls_grad(inputs: dict, outputs: dict) -> None:
 
 def _judge_cls_wrong_positions(inputs: dict, outputs: dict) -> None:
     tokens, _, positions = inputs["args"]
-    expect_value_error(outputs["error"], "position_embedding",
-                       f"{tokens.shape[1]} patches need 1 + {tokens.shape[1]} position vectors, and "
-                       f"position_embedding has {positions.shape[1]} (a model trained at another image size)",
-                       word=False)
+    what = (f"{tokens.shape[1]} patches need 1 + {tokens.shape[1]} position vectors, and position_embedding has "
+            f"{positions.shape[1]} (a model trained at another image size)")
+    if outputs["error"] is None and positions.shape[1] > tokens.shape[1] + 1:
+        fail(f"{what}: your code used the first rows and dropped the rest. A longer table belongs to another grid of "
+             "patches, whose row k is not this grid's patch k: raise ValueError naming position_embedding (the "
+             "model then says to interpolate the positions)")
+    expect_value_error(outputs["error"], "position_embedding", what, word=False)
 
 
 # --- VisionTransformer ------------------------------------------------------------------------------
@@ -279,7 +293,8 @@ def _vit_state_shapes(config: tuple) -> list[tuple[str, tuple[int, ...]]]:
     return [(name, tuple(value.shape)) for name, value in reference.VisionTransformer(*config).state_dict().items()]
 
 
-def _vit_inputs(gen: torch.Generator, *, channels: int = 3, batch=(2, 3), layers=(1, 2), wrong_size: bool = False) -> dict:
+def _vit_inputs(gen: torch.Generator, *, channels: int = 3, batch=(2, 3), layers=(1, 2), wrong_size: bool = False,
+                pool: str = "cls", dropout: float = 0.0) -> dict:
     p, grid = rand_int(gen, 2, 3), rand_int(gen, 2, 3)
     n_heads = [1, 2, 4][rand_int(gen, 0, 2)]
     d_model = n_heads * rand_int(gen, 2, 4)
@@ -290,31 +305,40 @@ def _vit_inputs(gen: torch.Generator, *, channels: int = 3, batch=(2, 3), layers
         # LayerNorm scales near 1, everything else random: [CLS], positions and the head are not zero.
         state[name] = 1.0 + 0.2 * noise if "norm" in name and name.endswith("weight") else 0.3 * noise
     size = grid * p + (1 if wrong_size else 0)
-    images = torch.randn(rand_int(gen, *batch), channels, size, size, generator=gen)
-    return {"init_args": config, "state": state, "args": (images,)}
+    n_images = rand_int(gen, *batch)
+    images = torch.randn(n_images, channels, size, size, generator=gen)
+    inputs = {"init_args": config, "init_kwargs": {"pool": pool}, "state": state, "args": (images,)}
+    if dropout:
+        # Training mode: the embeddings' dropout gets this fixed mask, the layers' dropouts (given code) none.
+        config = (*config, dropout)
+        inputs["init_args"] = config
+        mask = (torch.rand(n_images, grid * grid + 1, d_model, generator=gen) >= dropout).float() / (1 - dropout)
+        inputs["masks"] = {"dropout": mask, **{f"layers.{i}.{name}": None for i in range(config[5])
+                                               for name in ("dropout", "feed_forward.dropout")}}
+    return inputs
 
 
 def _torchvision_model(inputs: dict) -> nn.Module:
     """torchvision's VisionTransformer (3 channels) with the inputs' weights, mapped name by name."""
-    image_size, p, channels, n_classes, d_model, n_layers, n_heads, d_mlp = inputs["init_args"]
+    image_size, p, channels, n_classes, d_model, n_layers, n_heads, d_ff = inputs["init_args"]
     state = inputs["state"]
     theirs: OrderedDict[str, Tensor] = OrderedDict()
     theirs["class_token"] = state["cls_token"]
     theirs["conv_proj.weight"] = rearrange(state["patch_embedding.weight"], "d (p1 p2 c) -> d c p1 p2", p1=p, p2=p)
     theirs["conv_proj.bias"] = state["patch_embedding.bias"]
     theirs["encoder.pos_embedding"] = state["position_embedding"]
-    names = {"norm_attention": "ln_1", "norm_mlp": "ln_2", "mlp.up": "mlp.0", "mlp.down": "mlp.3",
-             "attention.in_proj.weight": "self_attention.in_proj_weight",
-             "attention.in_proj.bias": "self_attention.in_proj_bias",
-             "attention.out_proj": "self_attention.out_proj"}
+    names = {"norm1": "ln_1", "norm2": "ln_2", "feed_forward.linear1": "mlp.0", "feed_forward.linear2": "mlp.3",
+             "self_attn.in_proj.weight": "self_attention.in_proj_weight",
+             "self_attn.in_proj.bias": "self_attention.in_proj_bias",
+             "self_attn.out_proj": "self_attention.out_proj"}
     for i in range(n_layers):
         for ours, their in names.items():
             for key, value in state.items():
-                if key.startswith(f"blocks.{i}.{ours}"):
-                    theirs[key.replace(f"blocks.{i}.{ours}", f"encoder.layers.encoder_layer_{i}.{their}")] = value
+                if key.startswith(f"layers.{i}.{ours}"):
+                    theirs[key.replace(f"layers.{i}.{ours}", f"encoder.layers.encoder_layer_{i}.{their}")] = value
     theirs["encoder.ln.weight"], theirs["encoder.ln.bias"] = state["norm.weight"], state["norm.bias"]
     theirs["heads.head.weight"], theirs["heads.head.bias"] = state["head.weight"], state["head.bias"]
-    model = tv.VisionTransformer(image_size, p, n_layers, n_heads, d_model, d_mlp, num_classes=n_classes)
+    model = tv.VisionTransformer(image_size, p, n_layers, n_heads, d_model, d_ff, num_classes=n_classes)
     model.load_state_dict(theirs, strict=True)
     return model.eval()
 
@@ -322,42 +346,61 @@ def _torchvision_model(inputs: dict) -> nn.Module:
 @core.recorded
 def _vit_variants(inputs: dict) -> dict[str, Any]:
     """The reference's logits and those of the known mistakes of the forward pass, from the reference's pieces
-    (stacked)."""
-    model = reference.VisionTransformer(*inputs["init_args"])
+    (stacked); in training mode (the inputs have dropout masks), with the embeddings' dropout mask."""
+    model = reference.VisionTransformer(*inputs["init_args"], **inputs["init_kwargs"])
     model.load_state_dict(inputs["state"])
     model.eval()
     (images,) = inputs["args"]
+    mask = inputs.get("masks", {}).get("dropout")
+    drop = (lambda x: x) if mask is None else (lambda x: x * mask)
 
     def encode(x: Tensor) -> Tensor:
-        for block in model.blocks:
-            x = block(x)
+        for layer in model.layers:
+            x = layer(x)
         return x
 
+    def pooled(h: Tensor) -> Tensor:
+        return h[:, 0] if model.config.pool == "cls" else h[:, 1:].mean(1)
+
     with torch.no_grad():
-        embedded = model.embed(images)
-        tokens = model.patch_embedding(model.patchify(images))
-        without_positions = torch.cat([model.cls_token.expand(len(images), 1, -1), tokens], dim=1)
+        tokens = model.patch_embedding(reference.patchify(images, model.config.patch_size))
+        with_cls = torch.cat([model.cls_token.expand(len(images), 1, -1), tokens], dim=1)
+        embedded = drop(with_cls + model.position_embedding)
         h = encode(embedded)
-        return core.stacked({
-            "reference": model.head(model.norm(h)[:, 0]),
+        variants = {
+            "reference": model.head(pooled(model.norm(h))),
             "last_token": model.head(model.norm(h)[:, -1]),
             "mean_all": model.head(model.norm(h).mean(1)),
+            "cls_token": model.head(model.norm(h)[:, 0]),
             "mean_patches": model.head(model.norm(h)[:, 1:].mean(1)),
-            "no_final_norm": model.head(h[:, 0]),
-            "no_positions": model.head(model.norm(encode(without_positions))[:, 0]),
-            "no_blocks": model.head(model.norm(embedded)[:, 0]),
-        })
+            "norm_after_pooling": model.head(model.norm(pooled(h))),
+            "no_final_norm": model.head(pooled(h)),
+            "no_positions": model.head(pooled(model.norm(encode(drop(with_cls))))),
+            "no_blocks": model.head(pooled(model.norm(embedded))),
+        }
+        if mask is not None:
+            variants["no_dropout"] = model.head(pooled(model.norm(encode(with_cls + model.position_embedding))))
+            variants["dropout_before_positions"] = model.head(pooled(model.norm(encode(
+                drop(with_cls) + model.position_embedding))))
+        return core.stacked(variants)
 
 
 _VIT_MISTAKES = {
     "last_token": "you classify from the last token: the [CLS] token is the first one, x[:, 0]",
-    "mean_all": "you classify from the mean of all tokens, [CLS] included: this model's head reads the [CLS] "
-                "output, x[:, 0] (mean pooling, over the patches only, is another design with another head)",
-    "mean_patches": "you classify from the mean of the patch tokens: this model's head reads the [CLS] output, x[:, 0]",
-    "no_final_norm": "the final LayerNorm is missing: head(norm(x)[:, 0])",
+    "mean_all": "you pool the mean of all tokens, [CLS] included: with pool='cls' the head reads the [CLS] output, "
+                "x[:, 0]; with pool='mean' the mean of the patch tokens only, x[:, 1:]",
+    "cls_token": "with pool='mean' the head reads the mean of the patch tokens' outputs (x[:, 1:].mean(1)), not [CLS]",
+    "mean_patches": "with pool='cls' the head reads the [CLS] output, x[:, 0], not the mean of the patch tokens",
+    "norm_after_pooling": "the final LayerNorm goes on every token's output before pooling (as in torchvision and "
+                          "timm), not on the pooled vector",
+    "no_final_norm": "the final LayerNorm is missing: head(pool(norm(x)))",
     "no_positions": "the position embeddings are missing: embed with add_cls_and_positions(tokens, self.cls_token, "
                     "self.position_embedding)",
-    "no_blocks": "the encoder blocks are not applied: x = block(x) for every block in self.blocks",
+    "no_blocks": "the encoder layers are not applied: x = layer(x) for every layer in self.layers",
+    "no_dropout": "in training mode your embed drops nothing: self.dropout goes on the encoder's input, after the "
+                  "positions are added",
+    "dropout_before_positions": "dropout is applied before the positions are added: self.dropout goes on [CLS] + "
+                                "patches + positions, the encoder's whole input",
 }
 
 
@@ -365,18 +408,28 @@ def _judge_vit(inputs: dict, outputs: dict) -> None:
     _no_error(outputs)
     channels = inputs["init_args"][2]
     variants = core.unstacked(_vit_variants(inputs))
-    if channels == 3:
+    if channels == 3 and inputs["init_kwargs"]["pool"] == "cls" and "masks" not in inputs:
         with torch.no_grad():
             expected = _torchvision_model(inputs)(*inputs["args"])
-    else:
+    else:  # torchvision has no mean pooling and no way to fix its dropout masks
         expected = variants["reference"]
     out = outputs["out"]
     if not same(out, expected, 1e-4):
         for bug, message in _VIT_MISTAKES.items():
-            if same(out, variants[bug], 1e-4):
+            if bug in variants and same(out, variants[bug], 1e-4):
                 fail(message)
-    expect_close(out, expected, "the logits differ from torchvision's VisionTransformer with the same weights: "
-                                "embed, every block, the final norm, then the head on the [CLS] token", atol=1e-4)
+    what = ("the logits differ from torchvision's VisionTransformer with the same weights: embed, every layer, the "
+            "final norm, then the head on the [CLS] token") if inputs["init_kwargs"]["pool"] == "cls" else (
+            "with pool='mean' the logits must be the head on the mean of the patch tokens' outputs after the final "
+            "norm")
+    expect_close(out, expected, what, atol=1e-4)
+
+
+def _judge_vit_train(inputs: dict, outputs: dict) -> None:
+    if outputs.get("error") is None and outputs["calls"]["dropout"] == 0:
+        fail("in training mode your embed never calls self.dropout: the encoder's input is [CLS] + patches + "
+             "positions, then self.dropout")
+    _judge_vit(inputs, outputs)
 
 
 def _judge_vit_wrong_size(inputs: dict, outputs: dict) -> None:
@@ -389,7 +442,7 @@ def _judge_vit_wrong_size(inputs: dict, outputs: dict) -> None:
 
 # --- vit_parameter_count ------------------------------------------------------------------------------
 
-_NAMED_SIZES = (  # (image_size, patch_size, in_channels, n_classes, d_model, n_layers, n_heads, d_mlp)
+_NAMED_SIZES = (  # (image_size, patch_size, in_channels, n_classes, d_model, n_layers, n_heads, d_ff)
     (224, 16, 3, 1000, 768, 12, 12, 3072),  # ViT-B/16
     (224, 32, 3, 1000, 768, 12, 12, 3072),  # ViT-B/32
     (224, 16, 3, 1000, 1024, 24, 16, 4096),  # ViT-L/16
@@ -412,10 +465,10 @@ def _count_inputs(gen: torch.Generator, *, kind: str) -> dict:
 
 @core.recorded
 def _count_of(args: tuple) -> int:
-    image_size, p, channels, n_classes, d_model, n_layers, n_heads, d_mlp = args
+    image_size, p, channels, n_classes, d_model, n_layers, n_heads, d_ff = args
     with torch.device("meta"):  # shapes only: no memory, no initialisation
         if channels == 3:
-            model = tv.VisionTransformer(image_size, p, n_layers, n_heads, d_model, d_mlp, num_classes=n_classes)
+            model = tv.VisionTransformer(image_size, p, n_layers, n_heads, d_model, d_ff, num_classes=n_classes)
         else:
             model = reference.VisionTransformer(*args)
     return sum(param.numel() for param in model.parameters())
@@ -423,7 +476,7 @@ def _count_of(args: tuple) -> int:
 
 def _judge_count(inputs: dict, outputs: dict) -> None:
     args = inputs["args"]
-    image_size, p, channels, n_classes, d_model, n_layers, n_heads, d_mlp = args
+    image_size, p, channels, n_classes, d_model, n_layers, n_heads, d_ff = args
     got = outputs["out"]
     if isinstance(got, bool) or not isinstance(got, int):
         fail(f"return a Python int; got {type(got).__name__}")
@@ -431,7 +484,7 @@ def _judge_count(inputs: dict, outputs: dict) -> None:
     if got == expected:
         return
     where = (f"image_size={image_size}, patch_size={p}, in_channels={channels}, n_classes={n_classes}, "
-             f"d_model={d_model}, n_layers={n_layers}, d_mlp={d_mlp}")
+             f"d_model={d_model}, n_layers={n_layers}, d_ff={d_ff}")
     n_patches = (image_size // p) ** 2
     diff = expected - got
     hints = {
@@ -439,10 +492,11 @@ def _judge_count(inputs: dict, outputs: dict) -> None:
                  f"1 + {n_patches} rows",
         2 * d_model: "you are 2·d_model short: the [CLS] token and [CLS]'s row of the position embeddings, or the "
                      "final LayerNorm (d_model scales, d_model shifts)",
-        (4 * n_layers + 2) * d_model: "the LayerNorms are missing: two per block and one before the head, each "
+        (4 * n_layers + 2) * d_model: "the LayerNorms are missing: two per layer and one before the head, each "
                                       "d_model scales and d_model shifts",
-        d_model + n_layers * (5 * d_model + d_mlp) + n_classes: "the biases of the Linear layers are missing (patch "
-                                                                "embedding, in_proj, out_proj, both MLP layers, head)",
+        d_model + n_layers * (5 * d_model + d_ff) + n_classes: "the biases of the Linear layers are missing (patch "
+                                                               "embedding, in_proj, out_proj, both feed-forward "
+                                                               "layers, head)",
         n_layers * (d_model * d_model + d_model): "W_O is missing: attention has four d_model × d_model projections "
                                                   "(W_Q, W_K, W_V and W_O), each with a bias",
     }
@@ -557,6 +611,84 @@ def _judge_interp_bad(inputs: dict, outputs: dict) -> None:
                        f"{positions.shape[1] - 1} patch positions do not make a square grid", word=False)
 
 
+# --- attention_rollout ------------------------------------------------------------------------------------
+
+
+def _rollout_inputs(gen: torch.Generator, *, layers=(2, 3), unnormalised: bool = False, identity: bool = False,
+                    dtype=torch.float32) -> dict:
+    n_layers, batch, heads, seq = rand_int(gen, *layers), rand_int(gen, 1, 3), rand_int(gen, 2, 4), rand_int(gen, 3, 6)
+    attentions = (2.0 * torch.randn(n_layers, batch, heads, seq, seq, generator=gen, dtype=dtype)).softmax(-1)
+    if identity:
+        attentions = torch.eye(seq, dtype=dtype).expand(n_layers, batch, heads, seq, seq).clone()
+    if unnormalised:  # as after dropout: each row scaled, no longer summing to 1
+        attentions = attentions * (0.5 + torch.rand(n_layers, batch, heads, seq, 1, generator=gen, dtype=dtype))
+    return {"args": (attentions,)}
+
+
+@core.recorded
+def _rollouts(attentions: Tensor) -> dict[str, Any]:
+    """The rollout ("expected") and what each mistake of _ROLLOUT_MISTAKES gives (stacked)."""
+    seq = attentions.shape[-1]
+    identity = torch.eye(seq, dtype=attentions.dtype)
+
+    def roll(per_layer: Tensor, *, residual: bool = True, normalise: bool = True, reverse: bool = False) -> Tensor:
+        out = identity.expand(per_layer.shape[1], seq, seq)
+        for a in per_layer:
+            mixed = 0.5 * a + 0.5 * identity if residual else a
+            mixed = mixed / mixed.sum(-1, keepdim=True) if normalise else mixed
+            out = out @ mixed if reverse else mixed @ out
+        return out
+
+    mean = attentions.mean(2)
+    heads = attentions.shape[2]
+    per_head = torch.stack([roll(attentions[:, :, h]) for h in range(heads)]).mean(0)
+    return core.stacked({"expected": roll(mean), "reversed": roll(mean, reverse=True), "no_residual": roll(mean,
+                         residual=False), "max_heads": roll(attentions.amax(2)), "sum_heads": roll(attentions.sum(2)),
+                         "no_renormalisation": roll(mean, normalise=False), "last_layer_only": roll(mean[-1:]),
+                         "per_head": per_head})
+
+
+_ROLLOUT_MISTAKES = {
+    "reversed": "the product is in the wrong order: each layer mixes the tokens of the layer below, so layer l's "
+    "matrix multiplies from the left (rollout = mixed_l @ rollout): the last layer is the leftmost factor",
+    "no_residual": "the residual connection is missing: mix each layer's mean attention half and half with the "
+    "identity, 0.5·A + 0.5·I (Abnar & Zuidema), before multiplying",
+    "max_heads": "the heads are combined with their max: average them (the mean over heads)",
+    "sum_heads": "the heads are summed: average them (the mean over heads), so that the attention and the identity "
+    "weigh half each",
+    "no_renormalisation": "the rows are not renormalised: after 0.5·A + 0.5·I divide each row by its sum — attention "
+    "rows that do not sum to 1 (after dropout, or a subset of heads) otherwise grow or shrink through the product",
+    "last_layer_only": "that is the last layer alone: the rollout multiplies the matrices of every layer",
+    "per_head": "you rolled out each head separately and averaged the results: average each layer's heads first, "
+    "then multiply the layers",
+}
+
+
+def _judge_rollout(inputs: dict, outputs: dict) -> None:
+    _no_error(outputs)
+    (attentions,) = inputs["args"]
+    found = core.unstacked(_rollouts(attentions))
+    out = outputs["out"]
+    if isinstance(out, Tensor) and tuple(out.shape) == tuple(found["expected"].shape) and out.is_floating_point() \
+            and not torch.allclose(out.sum(-1).to(attentions.dtype), torch.ones(out.shape[:-1], dtype=attentions.dtype),
+                                   atol=1e-4) and not same(out, found["no_renormalisation"], 1e-5, dtype="cast"):
+        fail("the rows of your rollout do not sum to 1: every factor must be a row-stochastic mixing matrix "
+             "(0.5·A + 0.5·I, rows renormalised)")
+    mistakes = [(found[bug], message) for bug, message in _ROLLOUT_MISTAKES.items()]
+    expect(out, found["expected"], "the rollout of attentions (layers, batch, heads, seq, seq) is (batch, seq, seq): "
+           "per layer the heads' mean, 0.5·A + 0.5·I with rows renormalised, multiplied from the first layer to the "
+           "last, each new one on the left", mistakes)
+
+
+def _rollout_bad_inputs(gen: torch.Generator) -> dict:
+    return {"args": (torch.rand(2, 3, 4, 5, generator=gen),)}  # no batch axis: (layers, heads, seq, seq)
+
+
+def _judge_rollout_bad(inputs: dict, outputs: dict) -> None:
+    expect_value_error(outputs["error"], "attentions", f"attentions of shape {tuple(inputs['args'][0].shape)} is not "
+                       "(layers, batch, heads, seq, seq)", word=False)
+
+
 CHECKS: dict[str, Check] = {
     "patchify": Check(
         name="patchify",
@@ -576,7 +708,11 @@ CHECKS: dict[str, Check] = {
     ),
     "patch_embedding_from_conv": Check(
         name="patch_embedding_from_conv",
-        visible=(Case("linear(patchify(x)) equals the strided conv", _conv_inputs, "linear_from_conv", _judge_conv),),
+        visible=(
+            Case("linear(patchify(x)) equals the strided conv", _conv_inputs, "linear_from_conv", _judge_conv),
+            Case("the same conv made with tuples and padding='valid' is accepted",
+                 lambda g: _conv_inputs(g, habits=True), "linear_from_conv", _judge_conv),
+        ),
         hidden=(
             Case("a conv without bias", lambda g: _conv_inputs(g, bias=False), "linear_from_conv", _judge_conv),
             Case("one channel, float64", lambda g: _conv_inputs(g, channels=(1, 1), dtype=torch.float64),
@@ -587,12 +723,16 @@ CHECKS: dict[str, Check] = {
     ),
     "add_cls_and_positions": Check(
         name="add_cls_and_positions",
-        visible=(Case("[CLS] first, for every image of the batch, then positions", _cls_inputs, "call_or_error",
-                      _judge_cls),),
+        visible=(
+            Case("[CLS] first, for every image of the batch, then positions", _cls_inputs, "call_or_error", _judge_cls),
+            Case("a position table longer than needed (another image size) is refused",
+                 lambda g: _cls_inputs(g, positions_off_by=rand_int(g, 1, 3)), "call_or_error",
+                 _judge_cls_wrong_positions),
+            Case("gradients reach [CLS] and the positions", _cls_grad_inputs, "call_with_grad", _judge_cls_grad),
+        ),
         hidden=(
             Case("a batch of one", lambda g: _cls_inputs(g, batch=(1, 1)), "call_or_error", _judge_cls),
             Case("larger batches", lambda g: _cls_inputs(g, batch=(5, 8)), "call_or_error", _judge_cls),
-            Case("gradients reach [CLS] and the positions", _cls_grad_inputs, "call_with_grad", _judge_cls_grad),
             Case("position embeddings for another number of patches", lambda g: _cls_inputs(g, positions_off_by=-1),
                  "call_or_error", _judge_cls_wrong_positions),
         ),
@@ -602,11 +742,19 @@ CHECKS: dict[str, Check] = {
         visible=(
             Case("logits equal torchvision's VisionTransformer with the same weights", _vit_inputs, "module_forward",
                  _judge_vit),
+            Case("pool='mean': the head reads the mean of the patch tokens' outputs",
+                 lambda g: _vit_inputs(g, pool="mean"), "module_forward", _judge_vit),
+            Case("training mode: dropout on the encoder's whole input (a fixed mask)",
+                 lambda g: _vit_inputs(g, dropout=0.5), "module_forward_fixed_dropout", _judge_vit_train),
         ),
         hidden=(
-            Case("a batch of one, two blocks", lambda g: _vit_inputs(g, batch=(1, 1), layers=(2, 2)), "module_forward",
+            Case("a batch of one, two layers", lambda g: _vit_inputs(g, batch=(1, 1), layers=(2, 2)), "module_forward",
                  _judge_vit),
             Case("grey images (one channel)", lambda g: _vit_inputs(g, channels=1), "module_forward", _judge_vit),
+            Case("pool='mean', two layers, grey", lambda g: _vit_inputs(g, pool="mean", channels=1, layers=(2, 2)),
+                 "module_forward", _judge_vit),
+            Case("training mode, pool='mean'", lambda g: _vit_inputs(g, dropout=0.3, pool="mean"),
+                 "module_forward_fixed_dropout", _judge_vit_train),
             Case("images of another size", lambda g: _vit_inputs(g, wrong_size=True), "module_forward_or_error",
                  _judge_vit_wrong_size),
         ),
@@ -643,6 +791,26 @@ CHECKS: dict[str, Check] = {
         ),
         # torchvision's function is what the check compares with (the notebook says not to call it).
         forbidden=("torchvision.models.vision_transformer.interpolate_embeddings",),
+    ),
+    "attention_rollout": Check(
+        name="attention_rollout",
+        visible=(
+            Case("equals the rollout written out (3 layers of attention that do not commute)",
+                 lambda g: _rollout_inputs(g, layers=(3, 3)), "call_or_error", _judge_rollout),
+            Case("attention rows that do not sum to 1 (as after dropout): the rollout's rows still do",
+                 lambda g: _rollout_inputs(g, unnormalised=True), "call_or_error", _judge_rollout),
+            Case("attentions that are not (layers, batch, heads, seq, seq)", _rollout_bad_inputs, "call_or_error",
+                 _judge_rollout_bad),
+        ),
+        hidden=(
+            Case("one layer", lambda g: _rollout_inputs(g, layers=(1, 1)), "call_or_error", _judge_rollout),
+            Case("identity attention rolls out to the identity", lambda g: _rollout_inputs(g, identity=True),
+                 "call_or_error", _judge_rollout),
+            Case("float64, up to 5 layers", lambda g: _rollout_inputs(g, layers=(4, 5), dtype=torch.float64),
+                 "call_or_error", _judge_rollout),
+            Case("unnormalised rows again", lambda g: _rollout_inputs(g, unnormalised=True, layers=(2, 4)),
+                 "call_or_error", _judge_rollout),
+        ),
     ),
 }
 

@@ -128,7 +128,7 @@ def model_config(args: argparse.Namespace, in_channels: int, image_size: int, n_
     patch_size = args.patch_size or default_patch_size(image_size)
     return {"model": "vit", "image_size": image_size, "patch_size": patch_size, "in_channels": in_channels,
             "n_classes": n_classes, "d_model": args.d_model, "n_layers": args.n_layers, "n_heads": args.n_heads,
-            "d_mlp": args.d_mlp, "dropout": args.dropout}
+            "d_ff": args.d_mlp, "dropout": args.dropout}
 
 
 # The views of a test image whose predictions are averaged (test-time augmentation): the image and the image
