@@ -31,6 +31,22 @@ FORMAT = "transformer-deep-dive checkpoint"
 FORMAT_VERSION = 1
 FILENAME = "model.pt"
 KINDS = ("translate", "vit", "gpt")
+# Weights renamed since checkpoints of a kind were first written: (old, new) substrings of the state-dict keys,
+# replaced in order when a checkpoint is read, so that earlier runs keep loading (a key already new is unchanged).
+RENAMED_KEYS = {
+    "gpt": (("blocks.", "layers."), (".attn.", ".self_attn."), (".mlp.up.", ".feed_forward.linear1."),
+            (".mlp.down.", ".feed_forward.linear2.")),
+}
+
+
+def renamed_keys(kind: str, state_dict: dict) -> dict:
+    """``state_dict`` with the keys of ``RENAMED_KEYS[kind]`` brought up to date."""
+    renamed = {}
+    for key, value in state_dict.items():
+        for old, new in RENAMED_KEYS.get(kind, ()):
+            key = key.replace(old, new)
+        renamed[key] = value
+    return renamed
 
 
 @dataclass(frozen=True)
@@ -117,5 +133,5 @@ def load_checkpoint(path: str | Path, kind: str) -> Checkpoint:
     missing = [key for key in ("config", "state_dict", "vocab", "metrics", "data") if key not in state]
     if missing:
         raise ValueError(f"{file}: the checkpoint is incomplete, missing {missing}; retrain to write it again")
-    return Checkpoint(kind, state["config"], state["state_dict"], state["vocab"], state["metrics"], state["data"],
-                      file)
+    return Checkpoint(kind, state["config"], renamed_keys(kind, state["state_dict"]), state["vocab"], state["metrics"],
+                      state["data"], file)
