@@ -321,7 +321,7 @@ def linear_from_conv(obj: Any, inputs: dict) -> dict:
 
 
 def _snapshot(value: Any) -> Any:
-    """A copy of the tensors in ``value``: a view into a cache buffer would change when the cache does."""
+    """A copy of the tensors in ``value``: a view into a cache's buffer would change when the cache does."""
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, (list, tuple)):
@@ -340,157 +340,71 @@ def _raised(call) -> dict | None:
     return None
 
 
-def kv_cache_steps(obj: Any, inputs: dict) -> dict:
-    """Build the cache ``obj(*init_args)``; for each chunk of ``inputs["chunks"]`` (one ``(k, v)`` per layer) call
-    ``write(layer, k, v)`` for every layer, then ``advance(new tokens)``. Per chunk: what each ``write`` returned
-    and ``len(cache)`` right after it, then ``len(cache)`` and ``keys(layer)`` / ``values(layer)`` after
-    ``advance``. An exception stops the steps (``error``; the steps so far are kept). ``inputs["overflow"]``
-    (optional) is one more ``(k, v)`` written to layer 0 at the end: its error and the length afterwards."""
-    cache = obj(*inputs["init_args"])
-    steps = []
-
-    def drive() -> None:
-        for chunk in inputs["chunks"]:
-            step = {"returned": [], "length_after_write": []}
-            steps.append(step)
-            for layer, (k, v) in enumerate(chunk):
-                step["returned"].append(_snapshot(cache.write(layer, k, v)))
-                step["length_after_write"].append(len(cache))
-            cache.advance(int(chunk[0][0].shape[-2]))
-            step["length"] = len(cache)
-            step["keys"] = [_snapshot(cache.keys(layer)) for layer in range(len(chunk))]
-            step["values"] = [_snapshot(cache.values(layer)) for layer in range(len(chunk))]
-
-    error = _raised(drive)
-    overflow = None
-    if error is None and inputs.get("overflow") is not None:
-        k, v = inputs["overflow"]
-        overflow = {"error": _raised(lambda: cache.write(0, k, v)), "length": len(cache)}
-    return {"steps": steps, "error": error, "overflow": overflow}
+def calls_with_dtype(obj: Any, inputs: dict) -> dict:
+    """:func:`call_or_error` for each ``(args, kwargs)`` of ``inputs["calls"]``, with ``kwargs["dtype"]`` given by
+    name (``"float16"`` -> ``torch.float16``); ``{"results": [...]}``."""
+    results = []
+    for args, kwargs in inputs["calls"]:
+        kwargs = dict(kwargs)
+        if "dtype" in kwargs:
+            kwargs["dtype"] = getattr(torch, kwargs["dtype"])
+        results.append(call_or_error(obj, {"args": args, "kwargs": kwargs}))
+    return {"results": results}
 
 
-class _ReferenceCache:
-    """A KV cache that keeps the chapter 6 contract (``len``, ``batch``, ``write``, ``advance``): the learner's
-    attention layer and model are probed with a cache known to work, not with their own."""
-
-    def __init__(self, n_layers: int, batch: int, kv_heads: int, max_len: int, d_head: int) -> None:
-        shape = (batch, kv_heads, max_len, d_head)
-        self.k = [torch.zeros(shape) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape) for _ in range(n_layers)]
-        self.batch, self.max_len, self.length = batch, max_len, 0
-        self.writes: list[list[int]] = []  # [layer, length when written, new tokens] of every write
-
-    def __len__(self) -> int:
-        return self.length
-
-    def keys(self, layer: int) -> torch.Tensor:
-        return self.k[layer][:, :, : self.length]
-
-    def values(self, layer: int) -> torch.Tensor:
-        return self.v[layer][:, :, : self.length]
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.writes.append([int(layer), self.length, int(k.shape[-2])])
-        end = self.length + k.shape[-2]
-        if end > self.max_len:
-            raise ValueError(f"{self.length} held + {k.shape[-2]} new positions exceed max_len={self.max_len}")
-        self.k[layer][:, :, self.length : end] = k
-        self.v[layer][:, :, self.length : end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
-
-    def advance(self, n_tokens: int) -> None:
-        self.length += n_tokens
+def _paged_state(cache: Any, pools: list) -> dict:
+    """What a paged cache holds: its length, block tables and free blocks (plain lists), and whether each pool
+    tensor is still the one it was built with (same storage, same shape)."""
+    tables = getattr(cache, "block_tables", None)
+    free = getattr(cache, "free_blocks", None)
+    now = list(getattr(cache, "k_pool", [])) + list(getattr(cache, "v_pool", []))
+    in_place = len(now) == len(pools) and all(
+        isinstance(t, torch.Tensor) and t.data_ptr() == ptr and tuple(t.shape) == shape for t, (ptr, shape) in zip(now, pools))
+    return {"length": len(cache), "in_place": in_place,
+            "tables": [[int(b) for b in table] for table in tables] if isinstance(tables, (list, tuple)) else None,
+            "free": [int(b) for b in free] if isinstance(free, (list, tuple)) else None}
 
 
-def _build_with_config(obj: Any, inputs: dict) -> Any:
-    """``obj(GPTConfig(**inputs["config"]))`` with the ``GPTConfig`` that ``obj``'s own code sees (the notebook's
-    cell, or the module that defines ``obj``), ``inputs["state"]`` loaded, in eval mode."""
-    config_class = getattr(getattr(obj, "__init__", None), "__globals__", {}).get("GPTConfig")
-    if config_class is None:
-        raise NameError("GPTConfig is not defined: run the cell that defines it")
-    module = obj(config_class(**inputs["config"]))
-    module.load_state_dict(inputs["state"], strict=True)
-    return module.eval()
+def paged_cache_steps(obj: Any, inputs: dict) -> dict:
+    """Build the cache ``obj(*init_args, **init_kwargs)`` (a ``dtype`` given by name), hand out its blocks in the order ``inputs["free"]`` (its
+    ``free_blocks`` list), then run ``inputs["ops"]`` in order:
 
+    * ``{"chunk": [(k, v) per layer]}``: ``write(layer, k, v)`` for every layer, then ``advance(new tokens)``;
+    * ``{"truncate": length}``; ``{"retain": rows}``;
+    * ``{"overflow": (k, v)}``: one write to layer 0 that does not fit in the pool (its error is recorded).
 
-def attention_with_cache(obj: Any, inputs: dict) -> dict:
-    """Build the attention layer (:func:`_build_with_config`); its output on ``x`` without a cache (``full``), and
-    with ``x`` fed in ``chunks`` through one cache (``_ReferenceCache(*inputs["cache"])``, layer ``inputs["layer"]``,
-    advanced after each chunk): one output per chunk (``chunked``)."""
-    module = _build_with_config(obj, inputs)
-    x, layer = inputs["x"], inputs.get("layer", 0)
-    with torch.no_grad():
-        full = module(x)
-        cache = _ReferenceCache(*inputs["cache"])
-        chunked, start = [], 0
-        for size in inputs["chunks"]:
-            chunked.append(module(x[:, start : start + size], cache, layer))
-            cache.advance(size)
-            start += size
-    return {"full": full, "chunked": chunked}
-
-
-def gpt_chunks(obj: Any, inputs: dict) -> dict:
-    """Build the model (:func:`_build_with_config`); its logits for ``idx`` in one pass (``full``) and fed in
-    ``chunks`` through one cache (``_ReferenceCache(*inputs["cache"])``): the logits of each chunk (``chunked``) and
-    ``len(cache)`` after each (``lengths``), and the cache's log of writes per chunk (``writes``); an exception
-    stops the chunks (``error``). Then ``inputs["past"]``
-    (optional), tokens that do not fit in the context, is fed to the same cache: its error and the length
-    afterwards (``past``); and ``inputs["other_batch"]`` (optional), one sequence more than the cache was made
-    for, to a fresh cache (``other_batch``)."""
-    model = _build_with_config(obj, inputs)
-    idx = inputs["idx"]
-    chunked, lengths, writes, past = [], [], [], None
-    cache = _ReferenceCache(*inputs["cache"])
-
-    def feed() -> None:
-        start = 0
-        for size in inputs["chunks"]:
-            cache.writes = []
-            writes.append(cache.writes)
-            chunked.append(model(idx[:, start : start + size], cache=cache))
-            lengths.append(len(cache))
-            start += size
-
-    with torch.no_grad():
-        full = model(idx)
-        error = _raised(feed)
-        if error is None and inputs.get("past") is not None:
-            past = {"error": _raised(lambda: model(inputs["past"], cache=cache)), "length": len(cache)}
-        other = None
-        if inputs.get("other_batch") is not None:  # a fresh cache for the case's batch, fed one sequence more
-            fresh = _ReferenceCache(*inputs["cache"])
-            other = {"error": _raised(lambda: model(inputs["other_batch"], cache=fresh)), "length": len(fresh)}
-    return {"full": full, "chunked": chunked, "lengths": lengths, "writes": writes, "error": error, "past": past,
-            "other_batch": other}
-
-
-def sample_twice(obj: Any, inputs: dict) -> dict:
-    """``obj(*args, generator=torch.Generator().manual_seed(inputs["seed"]), **kwargs)`` twice, with torch's global
-    generator seeded differently before each call (and restored afterwards): ``first`` and ``second``. An exception
-    is returned as ``error`` (type and message), so that the judge can say what it means for the case."""
-    state = torch.get_rng_state()
-    outputs = []
-    try:
-        for global_seed in (1, 2):
-            torch.manual_seed(global_seed)
-            generator = torch.Generator().manual_seed(inputs["seed"])
-            outputs.append(obj(*inputs.get("args", ()), generator=generator, **inputs.get("kwargs", {})))
-    except NotImplementedError:  # an unsolved stub is not an answer
-        raise
-    except Exception as err:  # the judge decides what the error means for this case
-        return {"first": None, "second": None, "error": _error(err)}
-    finally:
-        torch.set_rng_state(state)
-    return {"first": outputs[0], "second": outputs[1], "error": None}
-
-
-def call_with_dtype_or_error(obj: Any, inputs: dict) -> dict:
-    """Like :func:`call_or_error`, with ``kwargs["dtype"]`` given by name (``"float16"`` -> ``torch.float16``)."""
-    kwargs = dict(inputs.get("kwargs", {}))
+    Per op: what each ``write`` returned (``returned``), ``len(cache)`` and the number of blocks in the tables right
+    after each write, and the cache's state afterwards (:func:`_paged_state`). An exception stops the ops (``error``)."""
+    kwargs = dict(inputs.get("init_kwargs", {}))
     if "dtype" in kwargs:
         kwargs["dtype"] = getattr(torch, kwargs["dtype"])
-    return call_or_error(obj, {"args": inputs.get("args", ()), "kwargs": kwargs})
+    cache = obj(*inputs["init_args"], **kwargs)
+    if inputs.get("free") is not None:
+        cache.free_blocks = list(inputs["free"])
+    pools = [(t.data_ptr(), tuple(t.shape)) for t in list(cache.k_pool) + list(cache.v_pool)]
+    steps: list[dict] = []
+
+    def drive() -> None:
+        for op in inputs["ops"]:
+            step: dict = {"returned": [], "length_after_write": [], "error": None}
+            steps.append(step)
+            if "chunk" in op:
+                step["blocks_after_write"] = []
+                for layer, (k, v) in enumerate(op["chunk"]):
+                    step["returned"].append(_snapshot(cache.write(layer, k, v)))
+                    step["length_after_write"].append(len(cache))
+                    step["blocks_after_write"].append(sum(len(t) for t in getattr(cache, "block_tables", [])))
+                cache.advance(int(op["chunk"][0][0].shape[-2]))
+            elif "truncate" in op:
+                cache.truncate(op["truncate"])
+            elif "retain" in op:
+                cache.retain(list(op["retain"]))
+            else:
+                k, v = op["overflow"]
+                step["error"] = _raised(lambda: cache.write(0, k, v))
+            step.update(_paged_state(cache, pools))
+
+    return {"steps": steps, "error": _raised(drive)}
 
 
 class _ToyConfig:
@@ -499,68 +413,145 @@ class _ToyConfig:
 
 
 class _ToyCache:
-    """The toy model's cache: the running sum of its inputs, and how many tokens it holds."""
+    """The toy model's cache: each held position's input vector, whether it is a real token (not padding) and its
+    token id, per row. ``truncate`` and ``retain`` as the chapter's caches have them."""
 
-    def __init__(self, batch: int) -> None:
-        self.batch, self.length, self.total = batch, 0, None
+    def __init__(self, batch: int, d: int) -> None:
+        self.x = torch.zeros(batch, 0, d, dtype=torch.float64)
+        self.real = torch.zeros(batch, 0, dtype=torch.bool)
+        self.tokens = torch.zeros(batch, 0, dtype=torch.long)
+
+    @property
+    def batch(self) -> int:
+        return self.x.shape[0]
 
     def __len__(self) -> int:
-        return self.length
+        return self.x.shape[1]
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= len(self):
+            raise ValueError(f"length must be in 0…{len(self)} (the tokens held); got {length}")
+        self.x, self.real, self.tokens = self.x[:, :length], self.real[:, :length], self.tokens[:, :length]
+
+    def retain(self, rows: list[int]) -> None:
+        index = torch.as_tensor(list(rows), dtype=torch.long)
+        self.x, self.real, self.tokens = self.x[index], self.real[index], self.tokens[index]
 
 
 class _ToyLM(torch.nn.Module):
     """A tiny causal language model with the chapter 6 interface (``config.vocab``, ``config.max_len``,
-    ``new_cache(batch)``, ``forward(idx, cache=None)``): the logits at position p depend on token p, on p itself
-    and on the mean of every input up to p. It logs each call as [first position, tokens fed, autograd on,
-    training mode], and refuses positions past ``max_len`` with a ValueError."""
+    ``new_cache(batch)``, ``forward(idx, cache=None, *, positions=None, padding=None)``): the logits at a
+    position depend on its token, its position and the mean of the real (not padding) inputs up to it, so
+    padding that is not masked, positions counted from the padding or a cache holding rejected tokens all
+    change them. It logs each call (where it started, what it was fed, with which positions and padding, what
+    its cache held, whether autograd and training mode were on), refuses positions past ``max_len`` with a
+    ValueError, and raises RuntimeError on call number ``fail_at`` when that is set."""
 
-    def __init__(self, tokens: torch.Tensor, positions: torch.Tensor, out: torch.Tensor) -> None:
+    def __init__(self, tokens: torch.Tensor, positions: torch.Tensor, out: torch.Tensor, fail_at: int = 0) -> None:
         super().__init__()
         self.tokens = torch.nn.Parameter(tokens.double())  # (vocab, d)
         self.positions = torch.nn.Parameter(positions.double())  # (max_len, d)
         self.out = torch.nn.Parameter(out.double())  # (d, vocab)
         self.config = _ToyConfig(int(tokens.shape[0]), int(positions.shape[0]))
-        self.calls: list[list] = []
+        self.fail_at = int(fail_at)
+        self.calls: list[dict] = []
+        self.name = "model"  # in the call log
 
     def new_cache(self, batch: int = 1) -> _ToyCache:
-        return _ToyCache(batch)
+        return _ToyCache(batch, self.tokens.shape[1])
 
-    def forward(self, idx: torch.Tensor, cache: _ToyCache | None = None) -> torch.Tensor:
-        start, seq = (0 if cache is None else len(cache)), int(idx.shape[1])
-        self.calls.append([start, seq, torch.is_grad_enabled(), self.training])
+    def forward(self, idx: torch.Tensor, cache: _ToyCache | None = None, *, positions: torch.Tensor | None = None,
+                padding: torch.Tensor | None = None) -> torch.Tensor:
+        start, (batch, seq) = (0 if cache is None else len(cache)), idx.shape
+        self.calls.append({"model": self.name, "start": start, "idx": idx.detach().clone(), "grad": torch.is_grad_enabled(),
+                           "training": self.training,
+                           "positions": None if positions is None else torch.as_tensor(positions).detach().clone(),
+                           "padding": None if padding is None else torch.as_tensor(padding).detach().clone(),
+                           "held": None if cache is None else cache.tokens.clone()})
+        if seq == 0:
+            raise ValueError("idx holds no token: every call must feed at least one new token")
+        if sum(call["model"] == self.name for call in self.calls) == self.fail_at:
+            raise RuntimeError("the model failed on purpose in the middle of generation")
         if start + seq > self.config.max_len:
             raise ValueError(f"positions {start}..{start + seq - 1} go past the context limit "
                              f"max_len={self.config.max_len}")
-        if cache is not None and cache.batch != idx.shape[0]:
-            raise ValueError(f"the cache was made for batch={cache.batch}, idx has batch {idx.shape[0]}")
-        x = self.tokens[idx] + self.positions[start : start + seq]
-        running = x.cumsum(dim=1)
-        if cache is not None and cache.total is not None:
-            running = running + cache.total[:, None]
-        count = torch.arange(start + 1, start + seq + 1, dtype=x.dtype)[:, None]
-        logits = torch.tanh(x + running / count) @ self.out
+        if cache is not None and cache.batch != batch:
+            raise ValueError(f"the cache was made for batch={cache.batch}, idx has batch {batch}")
+        if positions is None:
+            positions = torch.arange(start, start + seq).expand(batch, seq)
+        if tuple(positions.shape) != (batch, seq) or int(positions.max()) >= self.config.max_len or int(positions.min()) < 0:
+            raise ValueError(f"positions must be (batch, seq) = {(batch, seq)} in 0…{self.config.max_len - 1}")
+        if padding is None:
+            padding = torch.ones(batch, start + seq, dtype=torch.bool)
+        if padding.dtype != torch.bool or tuple(padding.shape) != (batch, start + seq):
+            raise ValueError(f"padding must be a bool tensor (batch, cached + new) = {(batch, start + seq)}")
+        x = self.tokens[idx] + self.positions[positions]
+        real = padding[:, start:]
+        held_x = x if cache is None else torch.cat((cache.x, x), dim=1)
+        held_real = real if cache is None else torch.cat((cache.real, real), dim=1)
+        total = (held_x * held_real[..., None]).cumsum(dim=1)[:, -seq:]
+        count = held_real.cumsum(dim=1)[:, -seq:, None].clamp(min=1)
+        logits = torch.tanh(x + total / count) @ self.out
         if cache is not None:
-            cache.total, cache.length = running[:, -1].detach(), start + seq
+            cache.x, cache.real = held_x.detach(), held_real
+            cache.tokens = torch.cat((cache.tokens, idx), dim=1)
         return logits
 
 
-def generate_runs(obj: Any, inputs: dict) -> dict:
-    """Build the toy model ``_ToyLM(*inputs["model"])`` in mode ``inputs["training"]``, then, one after the other on
-    the same model, call ``obj(model, idx, max_new_tokens, **kwargs)`` for each of ``inputs["runs"]`` (with
-    ``generator=torch.Generator().manual_seed(seed)`` when the run has a seed). Per run: the output or the error,
-    the model's call log and whether it is in training mode afterwards."""
-    model = _ToyLM(*inputs["model"])
-    model.train(bool(inputs.get("training", False)))
+def _toy(spec: dict) -> _ToyLM:
+    return _ToyLM(spec["tokens"], spec["positions"], spec["out"], spec.get("fail_at", 0))
+
+
+def generate_batch_runs(obj: Any, inputs: dict) -> dict:
+    """For each of ``inputs["runs"]``: build the toy model ``_toy(run["model"])`` in mode ``run["training"]`` and call
+    ``obj(model, prompts, max_new_tokens, **kwargs)`` (with ``generator=torch.Generator().manual_seed(seed)`` when
+    the run has a seed). Per run: the output or the error, the model's calls and its mode afterwards."""
     runs = []
     for run in inputs["runs"]:
-        model.calls = []
+        model = _toy(run["model"]).train(bool(run.get("training", False)))
         kwargs = dict(run.get("kwargs", {}))
         if run.get("seed") is not None:
             kwargs["generator"] = torch.Generator().manual_seed(run["seed"])
-        result = {}
-        result["error"] = _raised(lambda: result.update(out=obj(model, run["idx"], run["max_new_tokens"], **kwargs)))
-        runs.append({"out": result.get("out"), "error": result["error"], "calls": model.calls,
-                     "training": model.training})
+        result: dict = {}
+        result["error"] = _raised(lambda: result.update(
+            out=obj(model, list(run["prompts"]), run["max_new_tokens"], **kwargs)))
+        out = result.get("out")
+        runs.append({"out": list(out) if isinstance(out, (list, tuple)) else out, "error": result["error"],
+                     "calls": model.calls, "training": model.training})
+    return {"runs": runs}
+
+
+def speculative_runs(obj: Any, inputs: dict) -> dict:
+    """For each of ``inputs["runs"]``: build the toy target and draft (``_toy``), each in mode ``run["training"]``,
+    and call ``obj(target, draft, idx, max_new_tokens, **kwargs)`` ``run.get("repeat", 1)`` times, the i-th with
+    ``generator=torch.Generator().manual_seed(seed + i)`` when the run has a seed (the models are rebuilt each
+    time). Per run: every output, the first call's stats, both models' calls and modes afterwards (of the
+    first call), or the error."""
+    runs = []
+    for run in inputs["runs"]:
+        outs, first = [], {}
+        for i in range(int(run.get("repeat", 1))):
+            target = _toy(run["target"]).train(bool(run.get("training", False)))
+            draft = _toy(run["draft"]).train(bool(run.get("training", False)))
+            target.name, draft.name, draft.calls = "target", "draft", target.calls  # one log, in call order
+            kwargs = dict(run.get("kwargs", {}))
+            if run.get("seed") is not None:
+                kwargs["generator"] = torch.Generator().manual_seed(run["seed"] + i)
+            result: dict = {}
+            result["error"] = _raised(lambda: result.update(
+                answer=obj(target, draft, run["idx"], run["max_new_tokens"], **kwargs)))
+            if i == 0:
+                first = {"error": result["error"], "answer": result.get("answer"), "calls": target.calls,
+                         "training": [target.training, draft.training]}
+            if result["error"] is not None:
+                break
+            answer = result["answer"]
+            outs.append(answer[0] if isinstance(answer, (list, tuple)) and answer else answer)
+        answer = first.get("answer")
+        first["tokens"] = answer[0] if isinstance(answer, (list, tuple)) and len(answer) == 2 else answer
+        first["stats"] = answer[1] if isinstance(answer, (list, tuple)) and len(answer) == 2 else None
+        first.pop("answer", None)
+        runs.append({**first, "outs": outs})
     return {"runs": runs}
 
 
