@@ -261,3 +261,73 @@ def test_check_bytes_names_query_heads_used_for_kv_heads() -> None:
     with pytest.raises(core.CheckFailed, match="4× too large.*n_kv_heads"):
         kv_cache._judge_bytes_call((32, 8, 128, 4096), {"dtype": "bfloat16"}, about, {"error": None, "out": 4 * right})
     kv_cache._judge_bytes_call((32, 8, 128, 4096), {"dtype": "bfloat16"}, about, {"error": None, "out": right})
+
+
+# --- what a shared run of the chapter-6 notebook should show (called by the session fixtures' tests) -------------
+
+# Cells of 06_kv_cache_inference that run an exercise's code, and the exercise they name while it is not done.
+WAITING_CELLS = {"c042": "1", "c108": "2", "c110": "2", "c124": "3", "c134": "4", "c136": "3 and 4", "c146": "5"}
+# Cells that work in an untouched release: the model, its training, sampling, the measurements, the labs.
+WORKING_CELLS = ("c022", "c034", "c046", "c047", "c101", "c103", "c127", "c141", "c151", "c065", "c066")
+
+
+def _stream(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+
+
+def untouched_release_problems(nb) -> list[str]:
+    """For the executed release of chapter 6, exercises untouched: what is wrong (empty when all is well). Each
+    graded test cell says "not done yet" (its only error); each cell of WAITING_CELLS prints one line naming its
+    exercise and raises nothing; the cells of WORKING_CELLS print their results; nothing else raises."""
+    problems, cells = [], {c.get("id"): c for c in nb.cells if c.cell_type == "code"}
+    for cid, cell in cells.items():
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        graded = cell.get("metadata", {}).get("nbgrader", {}).get("grade")
+        if graded:
+            if not errors or "not done yet" not in errors[0].get("evalue", ""):
+                problems.append(f"{cid}: a test cell of an untouched exercise must say 'not done yet'")
+        elif errors:
+            problems.append(f"{cid}: raised {errors[0].get('ename')}: {errors[0].get('evalue', '')[:200]}")
+    for cid, exercise in WAITING_CELLS.items():
+        if f"(after exercise {exercise} (" not in _stream(cells[cid]):
+            problems.append(f"{cid}: should print one line naming exercise {exercise}")
+    for cid in WORKING_CELLS:
+        text = _stream(cells[cid])
+        if not text.strip() or "(after exercise" in text:
+            problems.append(f"{cid}: should print its results without any exercise done")
+    return problems
+
+
+def solved_source_problems(nb) -> list[str]:
+    """For the executed source notebook of chapter 6 (answers in; quick or full run): what is wrong. Every test cell
+    passes its visible and hidden checks, no cell waits for an exercise or raises, and the proofs hold."""
+    problems, cells = [], {c.get("id"): c for c in nb.cells if c.cell_type == "code"}
+    for cid, cell in cells.items():
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if errors:
+            problems.append(f"{cid}: raised {errors[0].get('ename')}: {errors[0].get('evalue', '')[:200]}")
+        if "(after exercise" in _stream(cell):
+            problems.append(f"{cid}: still waits for an exercise")
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade") and _stream(cell).count("✓") != 2:
+            problems.append(f"{cid}: the visible and the hidden checks should both pass")
+    expected = {"c022": "largest logit difference", "c034": "6 of 6 models",
+                "c124": "logits identical, bit for bit: True", "c127": "recomputing with the window mask: True",
+                "c134": "8 of 8 identical", "c146": "the target's own tokens with either draft: True"}
+    for cid, needle in expected.items():
+        if needle not in _stream(cells[cid]):
+            problems.append(f"{cid}: should print {needle!r}")
+    if "identical with both caches: True" not in _stream(cells["c124"]):
+        problems.append("c124: greedy generation should be identical with the paged cache")
+    return problems
+
+
+@pytest.mark.parametrize("cid", sorted(WAITING_CELLS) + list(WORKING_CELLS))
+def test_notebook_cells_named_here_exist(cid: str) -> None:
+    """The cell ids the two functions above look for are in both the source notebook and its release."""
+    import nbformat
+
+    from autograder import registry
+
+    chapter = registry.get("06_kv_cache_inference")
+    for path in (chapter.source_path(), chapter.release_path()):
+        assert cid in {c.get("id") for c in nbformat.read(path, as_version=4).cells}, (path, cid)

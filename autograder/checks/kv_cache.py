@@ -606,8 +606,20 @@ def _expected_rows(spec: dict, prompts: list, new: int, eos: int | None) -> list
     return rows
 
 
+@core.recorded
+def _batch_layout(prompts: list) -> tuple[Tensor, Tensor]:
+    """The first call's padding (batch, width), True at real tokens, and each real token's position (0 at each
+    row's first real token; 0 at the pads)."""
+    width = max(len(p) for p in prompts)
+    padding = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for row, p in enumerate(prompts):
+        padding[row, width - len(p) :] = True
+    return padding, (padding.cumsum(dim=-1) - 1).clamp(min=0)
+
+
 def _judge_first_call(call: dict, prompts: list) -> None:
     width = max(len(p) for p in prompts)
+    real, counted = _batch_layout(prompts)
     idx, padding, positions = call["idx"], call["padding"], call["positions"]
     if tuple(idx.shape) != (len(prompts), width):
         fail(f"the first call must feed every prompt at once, left-padded to the longest: idx of shape "
@@ -618,9 +630,6 @@ def _judge_first_call(call: dict, prompts: list) -> None:
                 fail(f"row {row} is padded on the right: pad on the LEFT, so that every row's last prompt token is "
                      "in the last column, where logits[:, -1] reads the next token")
             fail(f"row {row} of the first call is not its prompt, left-padded")
-    real = torch.zeros(len(prompts), width, dtype=torch.bool)
-    for row, p in enumerate(prompts):
-        real[row, width - len(p) :] = True
     if padding is None or padding.dtype != torch.bool or not torch.equal(padding, real):
         fail("pass padding=… to the model: a bool tensor (batch, columns), False at the left padding and True at "
              "the real tokens, so that no real token attends to a pad")
@@ -629,8 +638,8 @@ def _judge_first_call(call: dict, prompts: list) -> None:
              "the default 0, 1, … counts from the first column, the padding")
     for row, p in enumerate(prompts):
         got = positions[row, width - len(p) :]
-        if not torch.equal(got, torch.arange(len(p), dtype=got.dtype)):
-            if width != len(p) and torch.equal(got, torch.arange(width - len(p), width, dtype=got.dtype)):
+        if not torch.equal(got, counted[row, width - len(p) :].to(got.dtype)):
+            if width != len(p) and got.tolist() == list(range(width - len(p), width)):
                 fail(f"row {row}'s positions are counted from the padding ({got.tolist()}): count them from the "
                      "row's first real token (0, 1, …), as if the prompt were alone, e.g. padding.cumsum(-1) - 1")
             fail(f"row {row}'s real tokens must be at positions 0…{len(p) - 1}; they were at {got.tolist()}")
