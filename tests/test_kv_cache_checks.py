@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autograder.checks import core, kv_cache
-from autograder.checks.probes import _ToyCache, _ToyLM
+from autograder.checks.toy_lm import ToyCache, ToyLM
 from solutions import gpt
 
 
@@ -22,9 +22,9 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def toy(seed: int = 0, vocab: int = 9, max_len: int = 30) -> _ToyLM:
+def toy(seed: int = 0, vocab: int = 9, max_len: int = 30) -> ToyLM:
     g = torch.Generator().manual_seed(seed)
-    return _ToyLM(torch.randn(vocab, 5, generator=g), torch.randn(max_len, 5, generator=g),
+    return ToyLM(torch.randn(vocab, 5, generator=g), torch.randn(max_len, 5, generator=g),
                   torch.randn(5, vocab, generator=g))
 
 
@@ -77,7 +77,7 @@ def test_toy_cache_truncate_and_retain() -> None:
     with torch.no_grad():
         torch.testing.assert_close(model(idx[[2, 0], 6:], cache), model(idx[[2, 0]])[:, 6:], rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="length"):
-        _ToyCache(1, 5).truncate(1)
+        ToyCache(1, 5).truncate(1)
 
 
 def test_toy_model_refuses_past_max_len_and_empty_calls_and_fails_on_purpose() -> None:
@@ -86,7 +86,7 @@ def test_toy_model_refuses_past_max_len_and_empty_calls_and_fails_on_purpose() -
         model(torch.zeros(1, 31, dtype=torch.long))
     with pytest.raises(ValueError, match="at least one"):
         model(torch.zeros(1, 0, dtype=torch.long))
-    failing = _ToyLM(model.tokens.detach(), model.positions.detach(), model.out.detach(), fail_at=2)
+    failing = ToyLM(model.tokens.detach(), model.positions.detach(), model.out.detach(), fail_at=2)
     failing(torch.zeros(1, 2, dtype=torch.long))
     with pytest.raises(RuntimeError, match="on purpose"):
         failing(torch.zeros(1, 2, dtype=torch.long))
@@ -149,6 +149,7 @@ SPECULATIVE_HINTS = {
     "spec_draft_cache_not_rolled_back": "the draft's cache still held a rejected draft token",
     "spec_verified_token_by_token": "in ONE target pass",
     "spec_mode_restored_only_on_success": "restore it in a finally: block",
+    "spec_global_random_state": "the same generator seed gave different tokens",
 }
 
 
@@ -184,6 +185,7 @@ BATCH_HINTS = {
     "batch_mode_restored_only_on_success": "restore it in a finally: block",
     "batch_with_autograd": "autograd on",
     "batch_no_context_check": "BEFORE generating",
+    "batch_sampling_ignores_top_k": "is not among the top_k=",
 }
 
 

@@ -4,7 +4,7 @@ The references are independent of the learner's code: the bytes of a cache and t
 decoding step are arithmetic on the published sizes; a paged cache must hand back, for every row,
 exactly what was written to it (after truncations and dropped rows), hold ceil(length / block_size)
 blocks per row and never a block twice; batched and speculative generation run on a tiny toy
-language model (``probes._ToyLM``) that logs every call, so the checks see the positions, the padding
+language model (``autograder.checks.toy_lm``) that logs every call, so the checks see the positions, the padding
 and what each cache held, and compare the tokens with the library's ``generate`` on the same toy
 (greedy) or with the target's exact distribution (sampling, many runs with fixed generators).
 What the checks compute that is an answer (the bytes, the roofline and its known mistakes, what a
@@ -24,6 +24,7 @@ from torch import Tensor
 
 from autograder.checks import core
 from autograder.checks.core import Case, Check, CheckFailed, fail, rand_int
+from autograder.checks.toy_lm import ToyLM
 
 ref = core.reference("solutions.gpt")  # in a student edition: replayed from a recording
 
@@ -513,10 +514,8 @@ def _toy_spec(gen: torch.Generator, vocab: int, max_len: int, scale: float = 2.0
             "out": torch.randn(d, vocab, generator=gen, dtype=torch.float64) * scale}
 
 
-def _toy(spec: dict):
-    from autograder.checks.probes import _ToyLM  # the verdict side builds the same toy as the probe
-
-    return _ToyLM(spec["tokens"], spec["positions"], spec["out"], spec.get("fail_at", 0))
+def _toy(spec: dict) -> ToyLM:
+    return ToyLM(spec["tokens"], spec["positions"], spec["out"], spec.get("fail_at", 0))
 
 
 @core.recorded
@@ -552,7 +551,7 @@ def _judge_mode(result: dict, training: Any, who: str = "the model") -> None:
 
 
 def _batch_inputs(kind: str, *, training: bool = False):
-    """``kind``: "greedy" (prompts of different lengths), "eos" (a token that ends some rows early), "errors" (a
+    """``kind``: "greedy" (prompts of different lengths; then sampled twice with one seed), "eos" (a token that ends some rows early), "errors" (a
     model that fails on its third call; prompts past max_len), "sample" (the same generator seed twice),
     "edge" (one prompt; prompts of one length; max_new_tokens=0)."""
 
@@ -570,8 +569,11 @@ def _batch_inputs(kind: str, *, training: bool = False):
             return {"model": spec, "prompts": ps, "max_new_tokens": new, "training": training,
                     "kwargs": {"temperature": 0.0, **kwargs}}
 
-        if kind == "greedy":
-            runs = [run(prompts(rand_int(gen, 3, 4)), rand_int(gen, 6, 10))]
+        if kind == "greedy":  # and sampled with top-k, twice with one seed: top_k and the generator are passed on
+            ps = prompts(rand_int(gen, 3, 4))
+            once = dict(run(ps, rand_int(gen, 6, 10), temperature=1.3, top_k=rand_int(gen, 2, vocab - 2)),
+                        seed=rand_int(gen, 0, 10_000))
+            runs = [run(ps, rand_int(gen, 6, 10)), once, dict(once)]
         elif kind == "eos":
             ps, new = prompts(4), rand_int(gen, 8, 12)
             alone = [_ref_generate(spec, p[None], new)[0, len(p) :] for p in ps]
@@ -709,6 +711,14 @@ def _judge_batch_run(run: dict, result: dict) -> None:
         if any(len(o) != len(p) + new for o, p in zip(out, prompts)) or any(
                 int(o.min()) < 0 or int(o.max()) >= spec["out"].shape[1] for o in out):
             fail(f"sampling {new} tokens: each output must be its prompt followed by {new} token ids of the vocabulary")
+        if kwargs.get("top_k") is not None:
+            for row, (p, o) in enumerate(zip(prompts, out)):
+                with torch.no_grad():  # the toy's logits before each new token of this row, as if it were alone
+                    logits = _toy(spec)(o[None, :-1])[0, len(p) - 1 :]
+                allowed = logits >= torch.topk(logits, kwargs["top_k"], dim=-1).values[:, -1:]
+                if not bool(allowed.gather(-1, o[len(p) :, None]).all()):
+                    fail(f"row {row}: a sampled token is not among the top_k={kwargs['top_k']} of its step's logits: "
+                         "pass temperature, top_k, top_p and generator to sample_next_token")
         return
     expected = _expected_rows(spec, prompts, new, kwargs.get("eos_id"))
     if result["calls"]:
@@ -850,9 +860,10 @@ def _speculative_inputs(kind: str, *, training: bool = False, top_k: bool = Fals
                          "kwargs": {"lookahead": k, **greedy}, "same": True})
         else:
             target, draft = _spec_pair(gen, vocab, max_len)
-            runs = [{"target": target, "draft": draft, "idx": idx, "max_new_tokens": rand_int(gen, 12, 16),
-                     "training": training, "seed": rand_int(gen, 0, 10_000),
-                     "kwargs": {"lookahead": rand_int(gen, 2, 4), "temperature": 1.0}},
+            sampled = {"target": target, "draft": draft, "idx": idx, "max_new_tokens": rand_int(gen, 12, 16),
+                       "training": training, "seed": rand_int(gen, 0, 10_000),
+                       "kwargs": {"lookahead": rand_int(gen, 2, 4), "temperature": 2.5}}  # flat: u matters
+            runs = [sampled, dict(sampled, twin=True),  # the same seed twice: the same tokens
                     {"target": dict(target, fail_at=3), "draft": draft, "idx": idx, "max_new_tokens": 8,
                      "training": True, "kwargs": {"lookahead": 2, **greedy}},
                     {"target": target, "draft": draft, "idx": idx, "training": training,
@@ -1022,11 +1033,14 @@ def _judge_speculative(inputs: dict, outputs: dict) -> None:
     runs = outputs["runs"]
     if not isinstance(runs, list) or len(runs) != len(inputs["runs"]):
         fail("speculative_generate could not be run on every case")
-    for run, result in zip(inputs["runs"], runs):
+    for i, (run, result) in enumerate(zip(inputs["runs"], runs)):
         if run.get("repeat", 1) > 1:
             _judge_speculative_sample(inputs, run, result)
         else:
             _judge_speculative_run(run, result)
+        if run.get("twin") and not torch.equal(result["tokens"], runs[i - 1]["tokens"]):
+            fail("the same generator seed gave different tokens: draw every random number from the given generator "
+                 "(torch.rand((), generator=generator), torch.multinomial(…, generator=generator))")
 
 
 # --- the table ---------------------------------------------------------------------------------------------
@@ -1101,7 +1115,8 @@ CHECKS: dict[str, Check] = {
     "generate_batch": Check(
         name="generate_batch",
         visible=(
-            Case("greedy: each row's tokens are those of its prompt alone", _batch_inputs("greedy"),
+            Case("greedy: each row's tokens are those of its prompt alone; sampling passes top_k and the generator on",
+                 _batch_inputs("greedy"),
                  "generate_batch_runs", _judge_batch),
             Case("eos_id: each row stops at its own", _batch_inputs("eos"), "generate_batch_runs", _judge_batch),
             Case("the model's mode comes back, also when a step raises; past max_len: ValueError first",

@@ -319,6 +319,8 @@ def linear_from_conv(obj: Any, inputs: dict) -> dict:
 
 # --- chapter 6 ---
 
+from autograder.checks.toy_lm import ToyLM  # noqa: E402  (a plain-data model the generation probes build)
+
 
 def _snapshot(value: Any) -> Any:
     """A copy of the tensors in ``value``: a view into a cache's buffer would change when the cache does."""
@@ -407,107 +409,18 @@ def paged_cache_steps(obj: Any, inputs: dict) -> dict:
     return {"steps": steps, "error": _raised(drive)}
 
 
-class _ToyConfig:
-    def __init__(self, vocab: int, max_len: int) -> None:
-        self.vocab, self.max_len = vocab, max_len
-
-
-class _ToyCache:
-    """The toy model's cache: each held position's input vector, whether it is a real token (not padding) and its
-    token id, per row. ``truncate`` and ``retain`` as the chapter's caches have them."""
-
-    def __init__(self, batch: int, d: int) -> None:
-        self.x = torch.zeros(batch, 0, d, dtype=torch.float64)
-        self.real = torch.zeros(batch, 0, dtype=torch.bool)
-        self.tokens = torch.zeros(batch, 0, dtype=torch.long)
-
-    @property
-    def batch(self) -> int:
-        return self.x.shape[0]
-
-    def __len__(self) -> int:
-        return self.x.shape[1]
-
-    def truncate(self, length: int) -> None:
-        if not 0 <= length <= len(self):
-            raise ValueError(f"length must be in 0…{len(self)} (the tokens held); got {length}")
-        self.x, self.real, self.tokens = self.x[:, :length], self.real[:, :length], self.tokens[:, :length]
-
-    def retain(self, rows: list[int]) -> None:
-        index = torch.as_tensor(list(rows), dtype=torch.long)
-        self.x, self.real, self.tokens = self.x[index], self.real[index], self.tokens[index]
-
-
-class _ToyLM(torch.nn.Module):
-    """A tiny causal language model with the chapter 6 interface (``config.vocab``, ``config.max_len``,
-    ``new_cache(batch)``, ``forward(idx, cache=None, *, positions=None, padding=None)``): the logits at a
-    position depend on its token, its position and the mean of the real (not padding) inputs up to it, so
-    padding that is not masked, positions counted from the padding or a cache holding rejected tokens all
-    change them. It logs each call (where it started, what it was fed, with which positions and padding, what
-    its cache held, whether autograd and training mode were on), refuses positions past ``max_len`` with a
-    ValueError, and raises RuntimeError on call number ``fail_at`` when that is set."""
-
-    def __init__(self, tokens: torch.Tensor, positions: torch.Tensor, out: torch.Tensor, fail_at: int = 0) -> None:
-        super().__init__()
-        self.tokens = torch.nn.Parameter(tokens.double())  # (vocab, d)
-        self.positions = torch.nn.Parameter(positions.double())  # (max_len, d)
-        self.out = torch.nn.Parameter(out.double())  # (d, vocab)
-        self.config = _ToyConfig(int(tokens.shape[0]), int(positions.shape[0]))
-        self.fail_at = int(fail_at)
-        self.calls: list[dict] = []
-        self.name = "model"  # in the call log
-
-    def new_cache(self, batch: int = 1) -> _ToyCache:
-        return _ToyCache(batch, self.tokens.shape[1])
-
-    def forward(self, idx: torch.Tensor, cache: _ToyCache | None = None, *, positions: torch.Tensor | None = None,
-                padding: torch.Tensor | None = None) -> torch.Tensor:
-        start, (batch, seq) = (0 if cache is None else len(cache)), idx.shape
-        self.calls.append({"model": self.name, "start": start, "idx": idx.detach().clone(), "grad": torch.is_grad_enabled(),
-                           "training": self.training,
-                           "positions": None if positions is None else torch.as_tensor(positions).detach().clone(),
-                           "padding": None if padding is None else torch.as_tensor(padding).detach().clone(),
-                           "held": None if cache is None else cache.tokens.clone()})
-        if seq == 0:
-            raise ValueError("idx holds no token: every call must feed at least one new token")
-        if sum(call["model"] == self.name for call in self.calls) == self.fail_at:
-            raise RuntimeError("the model failed on purpose in the middle of generation")
-        if start + seq > self.config.max_len:
-            raise ValueError(f"positions {start}..{start + seq - 1} go past the context limit "
-                             f"max_len={self.config.max_len}")
-        if cache is not None and cache.batch != batch:
-            raise ValueError(f"the cache was made for batch={cache.batch}, idx has batch {batch}")
-        if positions is None:
-            positions = torch.arange(start, start + seq).expand(batch, seq)
-        if tuple(positions.shape) != (batch, seq) or int(positions.max()) >= self.config.max_len or int(positions.min()) < 0:
-            raise ValueError(f"positions must be (batch, seq) = {(batch, seq)} in 0…{self.config.max_len - 1}")
-        if padding is None:
-            padding = torch.ones(batch, start + seq, dtype=torch.bool)
-        if padding.dtype != torch.bool or tuple(padding.shape) != (batch, start + seq):
-            raise ValueError(f"padding must be a bool tensor (batch, cached + new) = {(batch, start + seq)}")
-        x = self.tokens[idx] + self.positions[positions]
-        real = padding[:, start:]
-        held_x = x if cache is None else torch.cat((cache.x, x), dim=1)
-        held_real = real if cache is None else torch.cat((cache.real, real), dim=1)
-        total = (held_x * held_real[..., None]).cumsum(dim=1)[:, -seq:]
-        count = held_real.cumsum(dim=1)[:, -seq:, None].clamp(min=1)
-        logits = torch.tanh(x + total / count) @ self.out
-        if cache is not None:
-            cache.x, cache.real = held_x.detach(), held_real
-            cache.tokens = torch.cat((cache.tokens, idx), dim=1)
-        return logits
-
-
-def _toy(spec: dict) -> _ToyLM:
-    return _ToyLM(spec["tokens"], spec["positions"], spec["out"], spec.get("fail_at", 0))
+def _toy(spec: dict) -> ToyLM:
+    return ToyLM(spec["tokens"], spec["positions"], spec["out"], spec.get("fail_at", 0))
 
 
 def generate_batch_runs(obj: Any, inputs: dict) -> dict:
     """For each of ``inputs["runs"]``: build the toy model ``_toy(run["model"])`` in mode ``run["training"]`` and call
     ``obj(model, prompts, max_new_tokens, **kwargs)`` (with ``generator=torch.Generator().manual_seed(seed)`` when
-    the run has a seed). Per run: the output or the error, the model's calls and its mode afterwards."""
-    runs = []
-    for run in inputs["runs"]:
+    the run has a seed); torch's global generator is seeded differently before each run and restored afterwards. Per
+    run: the output or the error, the model's calls and its mode afterwards."""
+    runs, state = [], torch.get_rng_state()
+    for index, run in enumerate(inputs["runs"]):
+        torch.manual_seed(1000 + index)  # code drawing from the global generator gives other tokens for the same seed
         model = _toy(run["model"]).train(bool(run.get("training", False)))
         kwargs = dict(run.get("kwargs", {}))
         if run.get("seed") is not None:
@@ -518,6 +431,7 @@ def generate_batch_runs(obj: Any, inputs: dict) -> dict:
         out = result.get("out")
         runs.append({"out": list(out) if isinstance(out, (list, tuple)) else out, "error": result["error"],
                      "calls": model.calls, "training": model.training})
+    torch.set_rng_state(state)
     return {"runs": runs}
 
 
@@ -525,34 +439,42 @@ def speculative_runs(obj: Any, inputs: dict) -> dict:
     """For each of ``inputs["runs"]``: build the toy target and draft (``_toy``), each in mode ``run["training"]``,
     and call ``obj(target, draft, idx, max_new_tokens, **kwargs)`` ``run.get("repeat", 1)`` times, the i-th with
     ``generator=torch.Generator().manual_seed(seed + i)`` when the run has a seed (the models are rebuilt each
-    time). Per run: every output, the first call's stats, both models' calls and modes afterwards (of the
-    first call), or the error."""
-    runs = []
-    for run in inputs["runs"]:
-        outs, first = [], {}
-        for i in range(int(run.get("repeat", 1))):
-            target = _toy(run["target"]).train(bool(run.get("training", False)))
-            draft = _toy(run["draft"]).train(bool(run.get("training", False)))
-            target.name, draft.name, draft.calls = "target", "draft", target.calls  # one log, in call order
-            kwargs = dict(run.get("kwargs", {}))
-            if run.get("seed") is not None:
-                kwargs["generator"] = torch.Generator().manual_seed(run["seed"] + i)
-            result: dict = {}
-            result["error"] = _raised(lambda: result.update(
-                answer=obj(target, draft, run["idx"], run["max_new_tokens"], **kwargs)))
-            if i == 0:
-                first = {"error": result["error"], "answer": result.get("answer"), "calls": target.calls,
-                         "training": [target.training, draft.training]}
-            if result["error"] is not None:
-                break
-            answer = result["answer"]
-            outs.append(answer[0] if isinstance(answer, (list, tuple)) and answer else answer)
-        answer = first.get("answer")
-        first["tokens"] = answer[0] if isinstance(answer, (list, tuple)) and len(answer) == 2 else answer
-        first["stats"] = answer[1] if isinstance(answer, (list, tuple)) and len(answer) == 2 else None
-        first.pop("answer", None)
-        runs.append({**first, "outs": outs})
-    return {"runs": runs}
+    time). Torch's global generator is seeded differently before each run (and restored afterwards), so that code
+    which draws from it instead of the generator gives other tokens for the same seed. Per run: every output; of the
+    first call: its tokens and stats or its error, both models' calls in one log in the order they came (each names
+    its ``model``, "target" or "draft"), and their modes afterwards."""
+    state = torch.get_rng_state()
+    try:
+        return {"runs": [_speculative_run(obj, run, 1000 + index) for index, run in enumerate(inputs["runs"])]}
+    finally:
+        torch.set_rng_state(state)
+
+
+def _speculative_run(obj: Any, run: dict, global_seed: int) -> dict:
+    torch.manual_seed(global_seed)
+    outs, first = [], {}
+    for i in range(int(run.get("repeat", 1))):
+        target = _toy(run["target"]).train(bool(run.get("training", False)))
+        draft = _toy(run["draft"]).train(bool(run.get("training", False)))
+        target.name, draft.name, draft.calls = "target", "draft", target.calls  # one log, in call order
+        kwargs = dict(run.get("kwargs", {}))
+        if run.get("seed") is not None:
+            kwargs["generator"] = torch.Generator().manual_seed(run["seed"] + i)
+        result: dict = {}
+        result["error"] = _raised(lambda: result.update(
+            answer=obj(target, draft, run["idx"], run["max_new_tokens"], **kwargs)))
+        if i == 0:
+            first = {"error": result["error"], "answer": result.get("answer"), "calls": target.calls,
+                     "training": [target.training, draft.training]}
+        if result["error"] is not None:
+            break
+        answer = result["answer"]
+        outs.append(answer[0] if isinstance(answer, (list, tuple)) and answer else answer)
+    answer = first.get("answer")
+    first["tokens"] = answer[0] if isinstance(answer, (list, tuple)) and len(answer) == 2 else answer
+    first["stats"] = answer[1] if isinstance(answer, (list, tuple)) and len(answer) == 2 else None
+    first.pop("answer", None)
+    return {**first, "outs": outs}
 
 
 _PROBES = {name: value for name, value in dict(globals()).items()

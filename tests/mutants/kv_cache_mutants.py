@@ -262,6 +262,14 @@ MUTANTS: list[Mutant] = [
         "No context check: generation runs until the model fails past max_len, after the prompts' work.",
         ("if width + max_new_tokens > model.config.max_len:", "if False:"),
     ),
+    _mutant(
+        "batch_sampling_ignores_top_k", "generate_batch",
+        "top_k not passed on to the sampler: the batch samples from the whole vocabulary whatever top_k says.",
+        ("                token = sample_next_token(logits, temperature, top_k, top_p, generator)\n"
+         "                for row, t in zip(rows",
+         "                token = sample_next_token(logits, temperature, None, top_p, generator)\n"
+         "                for row, t in zip(rows"),
+    ),
     # --- speculative_generate ---
     _mutant(
         "spec_ratio_inverted", "speculative_generate",
@@ -300,6 +308,12 @@ MUTANTS: list[Mutant] = [
         ("                logits = target(fed, t_cache)[0, -(k + 1) :]\n                stats[\"target_calls\"] += 1\n",
          "                logits = torch.cat([target(fed[:, i : i + 1], t_cache)[0] for i in range(fed.shape[1])])"
          "[-(k + 1) :]\n                stats[\"target_calls\"] += fed.shape[1]\n"),
+    ),
+    _mutant(
+        "spec_global_random_state", "speculative_generate",
+        "The acceptance test's uniform draw taken from torch's global random state instead of the generator: right "
+        "in distribution, but a seeded generator no longer reproduces the text.",
+        ("torch.rand((), generator=generator, device=ps.device)", "torch.rand((), device=ps.device)"),
     ),
     _mutant(
         "spec_mode_restored_only_on_success", "speculative_generate",
