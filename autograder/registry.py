@@ -193,12 +193,11 @@ CHAPTERS: tuple[Chapter, ...] = (
         answers=("solutions.gpt",),
         needs=("01_attention_by_hand", "03_positional_encodings", "04_encoder_decoder"),
         exercises=(
-            Exercise("KVCache", 2, "solutions.gpt:KVCache"),
-            Exercise("CausalSelfAttention", 2, "solutions.gpt:CausalSelfAttention"),
-            Exercise("GPT", 2, "solutions.gpt:GPT"),
-            Exercise("sample_next_token", 3, "solutions.gpt:sample_next_token"),
-            Exercise("generate", 2, "solutions.gpt:generate"),
             Exercise("kv_cache_bytes", 1, "solutions.gpt:kv_cache_bytes"),
+            Exercise("decode_tokens_per_second", 2, "solutions.gpt:decode_tokens_per_second"),
+            Exercise("PagedKVCache", 3, "solutions.gpt:PagedKVCache"),
+            Exercise("generate_batch", 2, "solutions.gpt:generate_batch"),
+            Exercise("speculative_generate", 3, "solutions.gpt:speculative_generate"),
         ),
     ),
 )

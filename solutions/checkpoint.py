@@ -10,8 +10,7 @@ dictionary of plain Python values and tensors (so it loads with
     config      dict                                  the model's constructor arguments
     state_dict  dict of tensors                       the trained weights
     vocab       dict                                  tokenizers (translate, gpt) or class names (vit)
-    metrics     dict                                  the held-out metrics printed at the end of training,
-                                                      with world_size (processes under torchrun; 1 without)
+    metrics     dict                                  the held-out metrics printed at the end of training
     data        dict                                  where the data came from and how it was split
 
 Each trainer rebuilds its model with ``build_model(config)``; the readers
@@ -28,7 +27,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 FORMAT = "transformer-deep-dive checkpoint"
 FORMAT_VERSION = 1
@@ -45,7 +43,18 @@ RENAMED: dict[str, tuple[dict[str, str], tuple[tuple[str, str], ...]]] = {
         (r"^blocks\.(\d+)\.mlp\.up\.", r"layers.\1.feed_forward.linear1."),
         (r"^blocks\.(\d+)\.mlp\.down\.", r"layers.\1.feed_forward.linear2."),
     )),
+    "gpt": ({}, (
+        (r"^blocks\.", "layers."),
+        (r"\.attn\.", ".self_attn."),
+        (r"\.mlp\.up\.", ".feed_forward.linear1."),
+        (r"\.mlp\.down\.", ".feed_forward.linear2."),
+    )),
 }
+
+
+def renamed_keys(kind: str, state_dict: dict) -> dict:
+    """``state_dict`` with the state-dict keys of :data:`RENAMED` ``[kind]`` brought up to date."""
+    return _renamed(kind, {}, state_dict)[1]
 
 
 @dataclass(frozen=True)
@@ -75,12 +84,9 @@ def save_checkpoint(
     metrics: dict,
     data: dict | None = None,
 ) -> Path:
-    """Write ``out_dir/model.pt`` in the shared format; returns its path. A model wrapped in
-    ``DistributedDataParallel`` is saved as the model inside (no ``module.`` prefix), so that one process loads it."""
+    """Write ``out_dir/model.pt`` in the shared format; returns its path."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
-    if isinstance(model, DistributedDataParallel):
-        model = model.module
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / FILENAME

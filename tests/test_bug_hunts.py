@@ -80,7 +80,7 @@ FIXES: dict[str, dict[str, list[tuple[str, str]]]] = {
     "06_kv_cache_inference": {
         "class BuggyCache1(": [("[:, :, : k.shape[-2]] = k", "[:, :, self.length : end] = k"),
                                 ("[:, :, : v.shape[-2]] = v", "[:, :, self.length : end] = v")],
-        "class BuggyGPT2(": [("start_pos=0)", "start_pos=0 if cache is None else len(cache))")],
+        "class BuggyGPT2(": [("start = 0  # where", "start = 0 if cache is None else len(cache)  # where")],
         "class BuggyAttention3(": [("is_causal=q.shape[-2] > 1)", "attn_mask=causal_mask(q.shape[-2], k.shape[-2]))")],
         "def buggy_sample4(": [("torch.softmax(logits, dim=-1) / temperature", "torch.softmax(logits / temperature, dim=-1)")],
     },

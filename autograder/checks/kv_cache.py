@@ -1,20 +1,21 @@
-"""Checks for chapter 6 (KV-cache inference), written once for the notebook, the grader and pytest.
+"""Checks for chapter 6 (inference as a system), written once for the notebook, the grader and pytest.
 
-The references are independent of the learner's code: a cache must hand back the
-concatenation of everything written to it; attention and the model fed in chunks through a
-cache must give what one full pass gives (plain PyTorch from the same weights, or the
-library's model with them); sampling is compared with the analytic distribution; generation
-with the library's ``generate`` on a toy model whose calls are logged. The cases feed
-prompts in chunks of several tokens: a causal mask that is not offset for the cached prefix
-is invisible when every step feeds one token. What the checks compute themselves (what a cache
-holds, attention over it, the greedy tokens) and every mistake one edit away from an answer are
-computed in ``@core.recorded`` functions of the case inputs, called before the early return: a
-student edition that withholds chapter 6 replays their results and holds no code computing them.
-The sampling distribution (``_filtered``) stays: the top-p cases draw their inputs with it.
+The references are independent of the learner's code: the bytes of a cache and the roofline of a
+decoding step are arithmetic on the published sizes; a paged cache must hand back, for every row,
+exactly what was written to it (after truncations and dropped rows), hold ceil(length / block_size)
+blocks per row and never a block twice; batched and speculative generation run on a tiny toy
+language model (``autograder.checks.toy_lm``) that logs every call, so the checks see the positions, the padding
+and what each cache held, and compare the tokens with the library's ``generate`` on the same toy
+(greedy) or with the target's exact distribution (sampling, many runs with fixed generators).
+What the checks compute that is an answer (the bytes, the roofline and its known mistakes, what a
+cache holds, the greedy tokens, the distributions) is computed in ``@core.recorded`` functions of the
+case inputs, called before the early return: a student edition that withholds chapter 6 replays their
+results and holds no code computing them.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -22,8 +23,9 @@ import torch
 from torch import Tensor
 
 from autograder.checks import core
-from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail, rand_int, same
-from autograder.checks.probes import _ToyLM
+from autograder.checks.core import Case, Check, CheckFailed, fail, rand_int
+from autograder.checks.toy_lm import ToyLM
+
 ref = core.reference("solutions.gpt")  # in a student edition: replayed from a recording
 
 
@@ -35,8 +37,8 @@ def _error_text(error: dict) -> str:
     return f"{error.get('type')}: {error.get('message')}"
 
 
-# Not core.expect_value_error: these hints say what must raise ("top_k=0 must raise ValueError, ..."), where core's
-# describe the situation; a learner's verdicts keep their wording.
+# Not core.expect_value_error: these hints say what must raise ("seq_len=-1 must raise ValueError, ..."), where
+# core's describe the situation; a learner's verdicts keep their wording.
 def _expect_value_error(error: dict | None, what: str, name: str) -> None:
     """``error`` (from a probe) must be a ValueError whose message contains ``name``."""
     if error is None:
@@ -47,443 +49,11 @@ def _expect_value_error(error: dict | None, what: str, name: str) -> None:
         fail(f"{what}: the ValueError should name {name} and say what to change; it said {error.get('message')!r}")
 
 
-# --- KVCache --------------------------------------------------------------------------------------
+# The dtypes the exercises name, and their bytes per element: each is a visible case.
+DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "float8_e4m3fn": 1}
 
 
-def _cache_inputs(sizes: str, *, overflow: bool = False, dtype: torch.dtype = torch.float32):
-    """``sizes``: "prompt" (a prompt of 2-5 tokens, then one token per step) or "chunks" (chunks of 1-4 tokens)."""
-
-    def inputs(gen: torch.Generator) -> dict:
-        n_layers, batch = rand_int(gen, 2, 3), rand_int(gen, 1, 2)
-        kv_heads, d_head = rand_int(gen, 1, 3), rand_int(gen, 2, 5)
-        if sizes == "prompt":
-            chunk_sizes = [rand_int(gen, 2, 5)] + [1] * rand_int(gen, 2, 4)
-        else:
-            chunk_sizes = [rand_int(gen, 2, 4)] + [rand_int(gen, 1, 4) for _ in range(rand_int(gen, 2, 4))]
-        max_len = sum(chunk_sizes) + rand_int(gen, 1, 4)
-
-        def kv(n: int) -> tuple[Tensor, Tensor]:
-            return tuple(torch.randn(batch, kv_heads, n, d_head, generator=gen, dtype=dtype) for _ in range(2))
-
-        data = {"init_args": (n_layers, batch, kv_heads, max_len, d_head),
-                "chunks": [[kv(n) for _ in range(n_layers)] for n in chunk_sizes]}
-        if overflow:
-            data["overflow"] = kv(max_len - sum(chunk_sizes) + rand_int(gen, 1, 3))
-        return data
-
-    return inputs
-
-
-def _judge_written(returned: Any, expected: Tensor, new: Tensor, held: int, max_len: int, what: str) -> None:
-    """``returned`` (keys or values from ``write``) must be the held ones followed by ``new``."""
-    if same(returned, expected, 0.0, dtype="kind"):
-        return
-    if isinstance(returned, Tensor) and returned.dim() == 4 and returned.shape[-2] == max_len != expected.shape[-2]:
-        fail(f"write returns the whole preallocated buffer ({max_len} positions) although only "
-             f"{expected.shape[-2]} are filled: attention would also look at the empty (zero) rows. "
-             "Return only the filled part, [:, :, :length + new]")
-    if held and same(returned, new, 0.0, dtype="kind"):
-        fail(f"write returns only the new {what}: it must return the held ones followed by the new ones, "
-             "so that the new queries attend to the whole prefix")
-    first = slice(0, new.shape[-2])
-    if (held and isinstance(returned, Tensor) and returned.shape == expected.shape
-            and torch.equal(returned[:, :, first], new) and not torch.equal(expected[:, :, first], new)):
-        fail(f"the new {what} land at position 0, over the first held token: write them after the held ones, "
-             "at [length : length + new] (a cache that is overwritten makes the model repeat itself)")
-    if not isinstance(returned, Tensor) or tuple(returned.shape) != tuple(expected.shape):
-        shape = tuple(returned.shape) if isinstance(returned, Tensor) else type(returned).__name__
-        fail(f"after {held} held and {new.shape[-2]} new tokens, write must return {what} of shape "
-             f"{tuple(expected.shape)} (batch, kv_heads, held + new, d_head); got {shape}")
-    fail(f"write must return the held {what} followed by the new ones (everything written to this layer, "
-         "in order): each layer keeps its own buffer")
-
-
-@core.recorded
-def _written(chunks: list) -> Tensor:
-    """(layer, keys or values, batch, kv_heads, positions, d_head): every chunk written to each layer, concatenated
-    in order (after chunk i the cache holds the first positions of these)."""
-    return torch.stack([torch.stack([torch.cat([c[layer][j] for c in chunks], dim=-2) for j in (0, 1)])
-                        for layer in range(len(chunks[0]))])
-
-
-def _judge_cache(inputs: dict, outputs: dict) -> None:
-    n_layers, batch, kv_heads, max_len, d_head = inputs["init_args"]
-    steps, error = outputs["steps"], outputs["error"]
-    written = _written(inputs["chunks"])
-    length = 0
-    for i, (chunk, step) in enumerate(zip(inputs["chunks"], steps)):
-        n = chunk[0][0].shape[-2]
-        held, length = length, length + n
-        moved = [got for got in step["length_after_write"] if got != held]
-        if moved:
-            fail(f"len(cache) moved from {held} to {moved[0]} inside write: write must not advance the length "
-                 "(every layer writes its new tokens at the same positions); the model calls advance(n_tokens) "
-                 "once, after the last layer")
-        for layer, returned in enumerate(step["returned"]):
-            if not isinstance(returned, (list, tuple)) or len(returned) != 2:
-                fail("write(layer, k, v) must return a pair (keys, values)")
-            for j, what in ((0, "keys"), (1, "values")):
-                expected, other = written[layer][j][:, :, :length], written[layer][1 - j][:, :, :length]
-                if same(returned[j], other, 0.0, dtype="kind") and not same(returned[j], expected, 0.0, dtype="kind"):
-                    fail("write returns (values, keys): return (keys, values), in that order")
-                _judge_written(returned[j], expected, chunk[layer][j], held, max_len, what)
-        if "length" not in step:
-            break
-        got = step["length"]
-        if got != length:
-            if n > 1 and got == held + 1:
-                fail(f"after a chunk of {n} tokens the length grew by 1: advance(n_tokens) must add n_tokens "
-                     "(invisible when every step feeds one token, wrong as soon as a prompt is fed)")
-            if got == held:
-                fail("advance(n_tokens) must move the length on by n_tokens: len(cache) did not change")
-            fail(f"after {length} tokens written in chunks, len(cache) is {got}, expected {length}")
-        for layer in range(n_layers):
-            for j, name in enumerate(("keys", "values")):
-                if not same(step[name][layer], written[layer][j][:, :, :length], 0.0, dtype="kind"):
-                    fail(f"after advance, cache.{name}({layer}) must be the {length} {name} written so far "
-                         "(a view of the filled part of the buffer)")
-    if error is not None:
-        fail(f"writing {[c[0][0].shape[-2] for c in inputs['chunks']]} tokens through {n_layers} layers into a "
-             f"cache of max_len={max_len}, your code raised {_error_text(error)}")
-    overflow = outputs.get("overflow")
-    if inputs.get("overflow") is not None:
-        extra = inputs["overflow"][0].shape[-2]
-        _expect_value_error(overflow["error"], f"writing {extra} more positions to a cache holding {length} of "
-                            f"max_len={max_len}", "max_len")
-        if overflow["length"] != length:
-            fail("a write that does not fit must change nothing: len(cache) moved")
-
-
-# --- CausalSelfAttention ------------------------------------------------------------------------
-
-
-def _layer_config(gen: torch.Generator, kind: str) -> dict:
-    """Sizes of a small attention layer: "mha", "gqa" (kv_heads >= 2 and groups >= 2: tiling and grouping
-    differ) or "mqa"."""
-    if kind == "gqa":
-        n_heads, n_kv_heads = _pick(gen, ((4, 2), (6, 2), (6, 3), (8, 2), (8, 4)))
-    elif kind == "mqa":
-        n_heads, n_kv_heads = _pick(gen, (2, 3, 4)), 1
-    else:
-        n_heads, n_kv_heads = _pick(gen, (1, 2, 3, 4)), None
-    d_head = rand_int(gen, 2, 5)
-    return dict(vocab=rand_int(gen, 5, 20), max_len=rand_int(gen, 12, 20), d_model=n_heads * d_head, n_heads=n_heads,
-                n_layers=1, n_kv_heads=n_kv_heads)
-
-
-def _chunk_sizes(gen: torch.Generator, total: int, style: str) -> list[int]:
-    """Chunks adding up to ``total``: "prompt" = a prompt of several tokens, one-token steps, then a chunk;
-    "random" = chunks of 1-4 tokens, the first and another of at least 2."""
-    if style == "prompt":
-        first, last = rand_int(gen, 2, total - 4), rand_int(gen, 2, 3)
-        return [first] + [1] * (total - first - last) + [last]
-    sizes, left = [], total
-    while left:
-        size = min(left, rand_int(gen, 1, 4))
-        sizes.append(size)
-        left -= size
-    if max(sizes[1:], default=0) < 2 and total >= 4:
-        sizes = [2, 2] + [1] * (total - 4)
-    return sizes
-
-
-def _attention_inputs(kind: str, style: str = "prompt", dtype: torch.dtype = torch.float32):
-    def inputs(gen: torch.Generator) -> dict:
-        config = _layer_config(gen, kind)
-        d_model, n_heads = config["d_model"], config["n_heads"]
-        kv_heads = config["n_kv_heads"] or n_heads
-        d_head = d_model // n_heads
-        seq, batch = rand_int(gen, 8, config["max_len"]), rand_int(gen, 1, 2)
-
-        def linear(rows: int) -> tuple[Tensor, Tensor]:
-            return (torch.randn(rows, d_model, generator=gen) / math.sqrt(d_model) * 1.5,
-                    torch.randn(rows, generator=gen) * 0.1)
-
-        state = {}
-        for name, rows in (("q_proj", n_heads * d_head), ("kv_proj", 2 * kv_heads * d_head), ("out_proj", d_model)):
-            state[f"{name}.weight"], state[f"{name}.bias"] = linear(rows)
-        return {"config": config, "state": state, "x": torch.randn(batch, seq, d_model, generator=gen),
-                "chunks": _chunk_sizes(gen, seq, style), "cache": (1, batch, kv_heads, config["max_len"], d_head)}
-
-    return inputs
-
-
-def _qkv(x: Tensor, state: dict, n_heads: int, kv_heads: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Projections as plain matrix products: q (batch, heads, seq, d_head), k and v (batch, kv_heads, ...)."""
-    batch, seq, d_model = x.shape
-    d_head = d_model // n_heads
-    q = (x @ state["q_proj.weight"].T + state["q_proj.bias"]).view(batch, seq, n_heads, d_head).transpose(1, 2)
-    kv = (x @ state["kv_proj.weight"].T + state["kv_proj.bias"]).view(batch, seq, 2, kv_heads, d_head)
-    return q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
-
-
-def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, state: dict, *, tiled: bool = False) -> Tensor:
-    """softmax(q kᵀ/√d) v with K/V heads shared by consecutive query heads (or tiled), then out_proj."""
-    group = q.shape[1] // k.shape[1]
-    if tiled:
-        k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
-    else:
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    out = torch.softmax(scores, dim=-1) @ v
-    batch, heads, seq, d_head = out.shape
-    return out.transpose(1, 2).reshape(batch, seq, heads * d_head) @ state["out_proj.weight"].T + state["out_proj.bias"]
-
-
-def _attention_reference(inputs: dict, *, mask: str = "end", cache: bool = True, tiled: bool = False) -> Tensor:
-    """The layer's output for ``x`` fed in ``chunks``: each chunk's queries over the keys up to its end
-    (``cache=False``: over its own keys only), with ``mask`` "end" (the right one), "top_left", "top_left_if_several"
-    (top-left for a chunk of several tokens, none for one: ``is_causal=q.shape[-2] > 1``) or "none"."""
-    config, state, x = inputs["config"], inputs["state"], inputs["x"]
-    n_heads = config["n_heads"]
-    q, k, v = _qkv(x, state, n_heads, config["n_kv_heads"] or n_heads)
-    outs, start = [], 0
-    for size in inputs["chunks"]:
-        end = start + size
-        first = start if not cache else 0
-        seq_q, seq_k = size, end - first
-        if mask == "end":
-            allowed = torch.ones(seq_q, seq_k, dtype=torch.bool).tril(diagonal=seq_k - seq_q)
-        elif mask == "top_left" or (mask == "top_left_if_several" and seq_q > 1):
-            allowed = torch.ones(seq_q, seq_k, dtype=torch.bool).tril()
-        else:
-            allowed = None
-        outs.append(_attend(q[:, :, start:end], k[:, :, first:end], v[:, :, first:end], allowed, state, tiled=tiled))
-        start = end
-    return torch.cat(outs, dim=1)
-
-
-@core.recorded
-def _attention_outputs(inputs: dict) -> dict[str, Any]:
-    """The layer's output for x in one pass ("expected"), and the outputs of the mistakes of _full_pass_hints (one
-    pass) and _chunked_hints (fed in the inputs' chunks) but those equal to "expected" (never told apart from it),
-    stacked."""
-    one_pass = dict(inputs, chunks=[inputs["x"].shape[1]])
-    expected = _attention_reference(one_pass)
-    found = {"tiled": _attention_reference(one_pass, tiled=True),
-             "no_mask": _attention_reference(one_pass, mask="none"),
-             "top_left": _attention_reference(inputs, mask="top_left"),
-             "top_left_if_several": _attention_reference(inputs, mask="top_left_if_several"),
-             "none": _attention_reference(inputs, mask="none"),
-             "no_cache": _attention_reference(inputs, cache=False)}
-    return core.stacked({"expected": expected, **{bug: out for bug, out in found.items()
-                                                  if not torch.equal(out, expected)}})
-
-
-def _full_pass_hints(config: dict) -> dict[str, str]:
-    kv_heads = config["n_kv_heads"] or config["n_heads"]
-    grouped = f"query head h uses K/V head h // {config['n_heads'] // kv_heads}"
-    return {
-        "tiled": f"with {config['n_heads']} query heads and {kv_heads} K/V heads, {grouped}: consecutive query heads "
-        "share a K/V head (repeat_kv_heads of chapter 2, or repeat_interleave); k.repeat(1, group, 1, 1) tiles "
-        "them instead, which is not how GQA checkpoints are laid out",
-        "no_mask": "without a cache this is causal self-attention: token i must not see tokens after it (causal mask)",
-    }
-
-
-def _chunked_hints(chunks: list[int]) -> dict[str, str]:
-    return {
-        "top_left": f"fed in chunks {chunks}, the new queries see too few keys: your causal mask is aligned to the "
-        "top-left corner (as F.scaled_dot_product_attention(is_causal=True) is when seq_q < seq_k). The new tokens are "
-        "the LAST seq_q positions of the seq_k keys: use the end-aligned causal_mask(seq_q, seq_k) of chapter 1 "
-        "(or attention(..., is_causal=True))",
-        "top_left_if_several": f"fed in chunks {chunks}, a chunk of several new tokens after a cached prefix sees too "
-        "few keys: the mask is aligned to the top-left, not offset by the cached prefix (F.scaled_dot_product_attention"
-        "(is_causal=q.shape[-2] > 1) does this when seq_q < seq_k; one-token steps hide it, since they need no mask). "
-        "The new tokens are the LAST seq_q of the seq_k keys: use the end-aligned causal_mask(seq_q, seq_k) of "
-        "chapter 1 (or attention(..., is_causal=True))",
-        "none": f"fed in chunks {chunks}, a new token sees the new tokens after it: one-token steps need no mask, "
-        "but a chunk of several new tokens does, aligned to the end: causal_mask(seq_q, seq_k)",
-        "no_cache": "with a cache, the new queries must attend to the cached keys too: use the keys and values that "
-        "cache.write(layer, k, v) returns (held + new), not only the new ones",
-    }
-
-
-def _first_mistake(actual: Any, found: dict[str, Tensor], hints: dict[str, str]) -> None:
-    """Fail with the hint of the first mistake of ``hints`` (in order) whose output ``actual`` is."""
-    for bug, hint in hints.items():
-        if bug in found and same(actual, found[bug], dtype="kind"):
-            fail(hint)
-
-
-def _judge_attention(inputs: dict, outputs: dict) -> None:
-    found = core.unstacked(_attention_outputs(inputs))
-    expected, full = found["expected"], outputs["full"]
-    if not same(full, expected, dtype="kind"):
-        _first_mistake(full, found, _full_pass_hints(inputs["config"]))
-        expect_close(full, expected, "without a cache the output must be causal self-attention over x: "
-                     "q_proj, kv_proj (K then V, each (kv_heads d_head)), attention per head, out_proj")
-    chunked = outputs["chunked"]
-    if not isinstance(chunked, (list, tuple)) or not all(isinstance(c, Tensor) for c in chunked):
-        fail("forward(x_new, cache, layer) must return a tensor (batch, seq_new, d_model)")
-    for c, size in zip(chunked, inputs["chunks"]):
-        if c.dim() != 3 or c.shape[1] != size:
-            fail(f"fed {size} new tokens, forward must return (batch, {size}, d_model); got {tuple(c.shape)}")
-    got = torch.cat(list(chunked), dim=1)
-    if same(got, expected, dtype="kind"):
-        return
-    chunks = inputs["chunks"]
-    _first_mistake(got, found, _chunked_hints(chunks))
-    expect_close(got, expected, f"fed in chunks {chunks} through the cache, the outputs must equal one full pass: "
-                 "write the new k, v to the cache and attend the new queries over everything it returns")
-
-
-# --- GPT -------------------------------------------------------------------------------------------
-
-
-@core.recorded
-def _gpt_layout(config: dict) -> tuple[list, list]:
-    """The reference GPT's parameters [(name, shape)] in order, and its state_dict as [(key, the parameter it
-    holds or None, the buffer or None)] (tied weights: two keys, one parameter)."""
-    model = ref.GPT(ref.GPTConfig(**config))
-    parameters = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
-    owner = {p.data_ptr(): name for name, p in model.named_parameters()}
-    layout = []
-    for key, value in model.state_dict().items():
-        name = owner.get(value.data_ptr()) if key not in dict(parameters) else key
-        layout.append((key, name, None if name else value))
-    return parameters, layout
-
-
-@core.recorded
-def _ref_generate(model: tuple, idx: Tensor, max_new_tokens: int, kwargs: dict, training: bool) -> Tensor:
-    """The library's generate on a fresh toy model built from ``model`` (in ``training`` mode)."""
-    toy = _ToyLM(*model)
-    toy.train(training)
-    return ref.generate(toy, idx, max_new_tokens, **kwargs)
-
-
-def _gpt_inputs(kind: str, style: str = "prompt", past: bool = True):
-    def inputs(gen: torch.Generator) -> dict:
-        layer = _layer_config(gen, kind)
-        config = dict(layer, n_layers=2, max_len=rand_int(gen, 12, 18))  # two layers: advancing per layer shows
-        parameters, layout = _gpt_layout(config)
-        values = {}
-        for name, shape in parameters:
-            if name.endswith("bias"):
-                values[name] = torch.randn(shape, generator=gen) * 0.1
-            elif "norm" in name:
-                values[name] = 1 + torch.randn(shape, generator=gen) * 0.1
-            else:
-                values[name] = torch.randn(shape, generator=gen) / math.sqrt(shape[-1]) * 1.5
-        seq, batch = rand_int(gen, 8, config["max_len"] - 2), rand_int(gen, 1, 2)
-        kv_heads, d_head = config["n_kv_heads"] or config["n_heads"], config["d_model"] // config["n_heads"]
-        data = {"config": config, "state": {key: values[name] if name else buffer for key, name, buffer in layout},
-                "idx": torch.randint(0, config["vocab"], (batch, seq), generator=gen),
-                "chunks": _chunk_sizes(gen, seq, style),
-                "cache": (config["n_layers"], batch, kv_heads, config["max_len"], d_head)}
-        if past:
-            data["past"] = torch.randint(0, config["vocab"], (batch, config["max_len"] - seq + rand_int(gen, 1, 2)),
-                                         generator=gen)
-        data["other_batch"] = torch.randint(0, config["vocab"], (batch + 1, 2), generator=gen)
-        return data
-
-    return inputs
-
-
-@core.recorded
-@torch.no_grad()
-def _gpt_reference(inputs: dict) -> dict[str, Any]:
-    """The library model's logits in one pass ("full"), and fed in the inputs' chunks through a cache with every
-    chunk placed at positions 0… ("zero_positions": the positions-not-advanced mistake), stacked."""
-    model = ref.GPT(ref.GPTConfig(**inputs["config"]))
-    model.load_state_dict(inputs["state"])
-    model.eval()
-    idx = inputs["idx"]
-    full = model(idx)
-    cache = model.new_cache(idx.shape[0])
-    parts, start = [], 0
-    for size in inputs["chunks"]:
-        x = model.position(model.token_embedding(idx[:, start : start + size]), start_pos=0)
-        for layer, block in enumerate(model.blocks):
-            x = block(x, cache, layer)
-        cache.advance(size)
-        parts.append(model.lm_head(model.norm(x)))
-        start += size
-    return core.stacked({"full": full, "zero_positions": torch.cat(parts, dim=1)})
-
-
-def _judge_gpt_cache_use(chunks: list, outputs: dict, n_layers: int) -> int:
-    """Every block writes the new tokens at the same positions, to its own layer; the cache advances once per
-    pass. Returns the number of tokens the cache should hold after the chunks it reported on."""
-    lengths = outputs["lengths"]
-    done = 0
-    for size, writes in zip(chunks, outputs["writes"]):
-        expected = [[layer, done, size] for layer in range(n_layers)]
-        if writes != expected[: len(writes)] or (len(writes) < n_layers and outputs["error"] is None):
-            positions = [w[1] for w in writes]
-            if [w[0] for w in writes] != list(range(len(writes))):
-                fail(f"block i must write to the cache's layer i; the layers written were {[w[0] for w in writes]}")
-            if len(set(positions)) > 1:
-                fail(f"the layers wrote {size} new tokens at positions {positions}: the cache was advanced between "
-                     "two layers. Every layer writes at the same positions; advance the cache once per forward "
-                     "pass, after the last layer")
-            if positions and positions[0] > done:
-                fail(f"{size} new tokens were written at position {positions[0]} of a cache holding {done}: the "
-                     "cache was advanced before the blocks ran; advance it after the last layer")
-            if len(writes) < n_layers:
-                fail(f"only {len(writes)} of the {n_layers} blocks wrote to the cache: pass it to every block")
-        done += size
-    done = 0
-    for size, got in zip(chunks, lengths):
-        held, done = done, done + size
-        if got == done:
-            continue
-        if got == held + size * n_layers and n_layers > 1:
-            fail(f"the cache grew by {got - held} for {size} new tokens through {n_layers} layers: advance it once "
-                 "per forward pass, after the last layer, not inside the loop over the layers")
-        if got == held:
-            fail("forward(idx, cache) must extend the cache: call cache.advance(seq) once every layer has written")
-        fail(f"after feeding chunks {chunks[: len(lengths)]}, len(cache) should be {done}; it is {got}")
-    return done
-
-
-def _judge_gpt(inputs: dict, outputs: dict) -> None:
-    logits = core.unstacked(_gpt_reference(inputs))
-    full_expected = logits["full"]
-    if not same(outputs["full"], full_expected, 1e-4, dtype="kind"):
-        expect_close(outputs["full"], full_expected,
-                     "without a cache, forward(idx) must give the logits of the whole model: token embedding plus "
-                     "the positions 0…seq-1, every block, the final norm, lm_head (if CausalSelfAttention fails its "
-                     "check, fix it first)", atol=1e-4)
-    chunks = inputs["chunks"]
-    done = _judge_gpt_cache_use(chunks, outputs, inputs["config"]["n_layers"])
-    if outputs["error"] is not None:
-        fail(f"feeding chunks {chunks} through a cache, your code raised {_error_text(outputs['error'])}")
-    chunked = outputs["chunked"]
-    if not isinstance(chunked, (list, tuple)) or not all(isinstance(c, Tensor) for c in chunked):
-        fail("forward(idx, cache=cache) must return logits (batch, seq_new, vocab)")
-    for c, size in zip(chunked, chunks):
-        if c.dim() != 3 or c.shape[1] != size:
-            fail(f"fed {size} new tokens, forward must return logits (batch, {size}, vocab); got {tuple(c.shape)}")
-    got = torch.cat(list(chunked), dim=1)
-    if not same(got, full_expected, 1e-4, dtype="kind"):
-        if same(got, logits["zero_positions"], 1e-4, dtype="kind"):
-            fail(f"fed in chunks {chunks}, every chunk is placed at positions 0, 1, … again: the new tokens sit at "
-                 "positions len(cache), len(cache)+1, …; pass start_pos=len(cache) to the position embedding "
-                 "(positions not advanced: generation diverges from the second new token on)")
-        expect_close(got, full_expected, f"fed in chunks {chunks} through a cache, the logits must equal one full "
-                     "pass: read start = len(cache) first, pass the cache and the layer index to every block, and "
-                     "advance the cache once at the end", atol=1e-4)
-    other = outputs.get("other_batch")
-    if inputs.get("other_batch") is not None:
-        batch = inputs["cache"][1]
-        _expect_value_error(other["error"], f"a cache made for batch={batch} fed {batch + 1} sequences", "batch")
-        if other["length"] != 0:
-            fail("a batch that does not match the cache's must change nothing: check it before the blocks run "
-                 f"(the cache's length moved from 0 to {other['length']})")
-    past = outputs.get("past")
-    if inputs.get("past") is not None:
-        extra, max_len = inputs["past"].shape[1], inputs["config"]["max_len"]
-        _expect_value_error(past["error"], f"{done} cached + {extra} new tokens with max_len={max_len}", "max_len")
-        if past["length"] != done:
-            fail("tokens that do not fit must change nothing: check start + seq against max_len before touching "
-                 f"the cache (its length moved from {done} to {past['length']})")
-
-
-# --- kv_cache_bytes ---------------------------------------------------------------------------------
+# --- kv_cache_bytes ---------------------------------------------------------------------------------------------
 
 _MODELS = {  # name: (layers, query heads, K/V heads, d_head, dtype) as published
     "GPT-2 small (124M) in float32": (12, 12, 12, 64, "float32"),
@@ -496,57 +66,64 @@ _GQA_MODELS = ("LLaMA-2-70B in float16 (GQA, 8 K/V heads)", "Mistral-7B in bfloa
 
 def _bytes_model_inputs(names: tuple[str, ...], per_token: bool):
     def inputs(gen: torch.Generator) -> dict:
-        name = _pick(gen, names)
-        layers, heads, kv_heads, d_head, dtype = _MODELS[name]
-        seq_len = 1 if per_token else _pick(gen, (1024, 2048, 4096))
-        return {"args": (layers, kv_heads, d_head, seq_len), "kwargs": {"dtype": dtype}, "model": name,
-                "heads": heads}
+        calls, about = [], []
+        for name in names:
+            layers, heads, kv_heads, d_head, dtype = _MODELS[name]
+            seq_len = 1 if per_token else _pick(gen, (1024, 2048, 4096))
+            calls.append(((layers, kv_heads, d_head, seq_len), {"dtype": dtype}))
+            about.append({"model": name, "heads": heads})
+        return {"calls": calls, "about": about}
 
     return inputs
 
 
-def _bytes_random_inputs(dtypes: tuple[str, ...] | None, batch: bool = True):
-    """Random sizes; ``dtypes=None`` and ``batch=False`` leave those arguments to their defaults."""
+def _bytes_dtype_inputs(dtypes: tuple[str, ...], batch: bool = True):
+    """One call per dtype of ``dtypes`` with random sizes (``batch=False``: batch left to its default); an empty
+    ``dtypes`` means one call with the default dtype."""
 
     def inputs(gen: torch.Generator) -> dict:
-        args = (rand_int(gen, 2, 12), rand_int(gen, 2, 8), _pick(gen, (16, 32, 64, 80, 128)), rand_int(gen, 2, 500))
-        kwargs = {} if dtypes is None else {"dtype": _pick(gen, dtypes)}
-        if batch:
-            kwargs["batch"] = rand_int(gen, 2, 6)
-        return {"args": args, "kwargs": kwargs}
+        calls = []
+        for dtype in dtypes or (None,):
+            args = (rand_int(gen, 2, 12), rand_int(gen, 2, 8), _pick(gen, (16, 32, 64, 80, 128)), rand_int(gen, 2, 500))
+            kwargs = {} if dtype is None else {"dtype": dtype}
+            if batch:
+                kwargs["batch"] = rand_int(gen, 2, 6)
+            calls.append((args, kwargs))
+        return {"calls": calls, "about": [{} for _ in calls]}
 
     return inputs
 
 
-def _bytes_expected(inputs: dict) -> int:
-    layers, kv_heads, d_head, seq_len = inputs["args"]
-    itemsize = getattr(torch, inputs["kwargs"].get("dtype", "float32")).itemsize
-    return 2 * layers * kv_heads * d_head * seq_len * inputs["kwargs"].get("batch", 1) * itemsize
+@core.recorded
+def _bytes_expected(args: tuple, kwargs: dict) -> int:
+    """The library's kv_cache_bytes for one call (the dtype given by name)."""
+    dtype = getattr(torch, kwargs.get("dtype", "float32"))
+    return ref.kv_cache_bytes(*args, batch=kwargs.get("batch", 1), dtype=dtype)
 
 
-def _judge_bytes(inputs: dict, outputs: dict) -> None:
-    if outputs["error"] is not None:
-        fail(f"your code raised {_error_text(outputs['error'])}")
-    out, expected = outputs["out"], _bytes_expected(inputs)
-    layers, kv_heads, d_head, seq_len = inputs["args"]
-    itemsize = getattr(torch, inputs["kwargs"].get("dtype", "float32")).itemsize
-    batch = inputs["kwargs"].get("batch", 1)
-    what = inputs.get("model", f"{layers} layers, {kv_heads} K/V heads, d_head {d_head}, {seq_len} tokens, "
-                                f"batch {batch}, {inputs['kwargs'].get('dtype', 'float32')}")
+def _judge_bytes_call(args: tuple, kwargs: dict, about: dict, result: dict) -> None:
+    if result["error"] is not None:
+        fail(f"your code raised {_error_text(result['error'])}")
+    out, expected = result["out"], _bytes_expected(args, kwargs)
+    layers, kv_heads, d_head, seq_len = args
+    dtype = kwargs.get("dtype", "float32")
+    itemsize, batch = DTYPES.get(dtype, 8), kwargs.get("batch", 1)
+    what = about.get("model", f"{layers} layers, {kv_heads} K/V heads, d_head {d_head}, {seq_len} tokens, "
+                              f"batch {batch}, {dtype}")
     if isinstance(out, bool) or not isinstance(out, (int, float)):
-        fail(f"return the number of bytes as an int; got {type(out).__name__}")
+        fail(f"{what}: return the number of bytes as an int; got {type(out).__name__}")
     if out == expected:
         if not isinstance(out, int):
-            fail(f"the value is right ({expected}) but return an int, not a {type(out).__name__}")
+            fail(f"{what}: the value is right ({expected}) but return an int, not a {type(out).__name__}")
         return
     mistakes = [
         (expected // 2, "half the expected size: the cache holds keys AND values, the factor 2"),
         (expected // layers, "every layer has its own cache: multiply by n_layers"),
         (expected // itemsize, "that is a number of elements: multiply by the bytes per element, dtype.itemsize"),
-        (expected // itemsize * 4, "the bytes per element come from dtype (torch.float16: 2, torch.float32: 4)"),
+        (expected // itemsize * 4, f"the bytes per element come from dtype ({dtype}: {itemsize}), not a fixed 4"),
         (expected // batch, "every sequence of the batch has its own cache: multiply by batch"),
     ]
-    heads = inputs.get("heads", kv_heads)
+    heads = about.get("heads", kv_heads)
     if heads != kv_heads:  # a published GQA model: its config has both numbers
         mistakes.append((expected // kv_heads * heads,
                          f"{heads // kv_heads}× too large: that is the size for {heads} K/V heads, the model's query "
@@ -559,478 +136,1020 @@ def _judge_bytes(inputs: dict, outputs: dict) -> None:
          "2 · layers · kv_heads · d_head · seq_len · batch · dtype.itemsize")
 
 
+def _judge_bytes(inputs: dict, outputs: dict) -> None:
+    for (args, kwargs), about, result in zip(inputs["calls"], inputs["about"], outputs["results"]):
+        _judge_bytes_call(args, kwargs, about, result)
+
+
 def _bytes_bad_inputs(gen: torch.Generator) -> dict:
-    name, value = _pick(gen, (("n_layers", 0), ("n_kv_heads", 0), ("d_head", -64), ("seq_len", -1), ("batch", 0)))
-    values = {"n_layers": 4, "n_kv_heads": 2, "d_head": 64, "seq_len": 10, "batch": 1, name: value}
-    return {"args": (values["n_layers"], values["n_kv_heads"], values["d_head"], values["seq_len"]),
-            "kwargs": {"batch": values["batch"], "dtype": "float32"}, "bad": name}
+    calls, bad = [], []
+    for name, value in (("n_layers", 0), ("n_kv_heads", 0), ("d_head", -64), ("seq_len", -1), ("batch", 0)):
+        values = {"n_layers": 4, "n_kv_heads": 2, "d_head": 64, "seq_len": 10, "batch": 1, name: value}
+        calls.append(((values["n_layers"], values["n_kv_heads"], values["d_head"], values["seq_len"]),
+                      {"batch": values["batch"], "dtype": "float32"}))
+        bad.append((name, value))
+    order = torch.randperm(len(calls), generator=gen).tolist()
+    return {"calls": [calls[i] for i in order], "bad": [bad[i] for i in order]}
 
 
 def _judge_bytes_bad(inputs: dict, outputs: dict) -> None:
-    name = inputs["bad"]
-    value = dict(zip(("n_layers", "n_kv_heads", "d_head", "seq_len"), inputs["args"]), **inputs["kwargs"])[name]
-    _expect_value_error(outputs["error"], f"{name}={value}", name)
+    for (name, value), result in zip(inputs["bad"], outputs["results"]):
+        _expect_value_error(result["error"], f"{name}={value}", name)
 
 
-# --- sample_next_token --------------------------------------------------------------------------------
+# --- decode_tokens_per_second: the roofline ------------------------------------------------------------------
 
-_REPEATS = 6000  # samples per distinct row: the frequencies are within ±0.04 of the probabilities at 6 sigma
+_LLMS = {  # name: (parameters, layers, K/V heads, d_head), as published
+    "LLaMA-2-7B": (6_738_415_616, 32, 32, 128),
+    "Mistral-7B (GQA)": (7_241_732_096, 32, 8, 128),
+    "LLaMA-2-70B (GQA)": (68_976_648_192, 80, 8, 128),
+    "GPT-2 small": (124_439_808, 12, 12, 64),
+}
+_ACCELERATORS = {  # name: (memory bandwidth in bytes/s, dense 16-bit peak in FLOP/s), from the data sheets
+    "an H100 SXM": (3.35e12, 989e12),
+    "an A100 80GB SXM": (2.039e12, 312e12),
+    "an L4": (300e9, 121e12),
+}
 
 
-def _sample_inputs(kind: str, *, temperature: tuple = (1.0,), top_k: bool = False, top_p: bool = False):
-    """``kind``: "greedy" (temperature 0), "sample" (one to three distinct rows, each repeated), "ties" (the k-th
-    largest logit is tied with the next one)."""
+def _roofline_inputs(model: str | None, accelerator: str | None, contexts: tuple[int, ...],
+                     batches: tuple[int, ...], dtypes: tuple[str, ...]):
+    """One call per (context, batch, dtype); ``model``/``accelerator`` None: drawn at random (sizes or a named one)."""
 
     def inputs(gen: torch.Generator) -> dict:
-        vocab = rand_int(gen, 6, 10)
-        seed = rand_int(gen, 0, 10_000)
-        if kind == "greedy":
-            rows = torch.randn(rand_int(gen, 3, 8), vocab, generator=gen) * 2
-            return {"args": (rows,), "kwargs": {"temperature": 0.0}, "seed": seed, "distinct": rows, "repeats": 1}
-        if kind == "ties":
-            k = rand_int(gen, 2, 3)
-            values = torch.sort(torch.randn(vocab, generator=gen), descending=True).values
-            values[k] = values[k - 1]  # the k-th and (k+1)-th largest logits are equal
-            rows = values[torch.randperm(vocab, generator=gen)][None]
-            kwargs = {"temperature": 1.0, "top_k": k}
-        else:
-            kwargs = {"temperature": float(_pick(gen, temperature))}
-            if top_k:
-                kwargs["top_k"] = rand_int(gen, 3, vocab - 2)
-            rows = torch.randn(2 if top_p else rand_int(gen, 2, 3), vocab, generator=gen) * 1.5
-            if top_p:
-                rows, kwargs["top_p"] = _top_p_rows(gen, rows, kwargs)
-        return {"args": (rows.repeat_interleave(_REPEATS, dim=0),), "kwargs": kwargs, "seed": seed,
-                "distinct": rows, "repeats": _REPEATS}
+        name = model or _pick(gen, tuple(_LLMS))
+        where = accelerator or _pick(gen, tuple(_ACCELERATORS))
+        params, layers, kv_heads, d_head = _LLMS[name]
+        bandwidth, peak = _ACCELERATORS[where]
+        calls = []
+        for context, batch, dtype in itertools.product(contexts, batches, dtypes):
+            calls.append(((params, layers, kv_heads, d_head, context, batch),
+                          {"bandwidth": bandwidth, "peak_flops": peak, "dtype": dtype}))
+        return {"calls": calls, "what": f"{name} on {where}"}
 
     return inputs
 
 
-def _top_p_rows(gen: torch.Generator, rows: Tensor, kwargs: dict) -> tuple[Tensor, float]:
-    """Rows and a top_p that keeps at least two tokens of every row and lies at least 0.04 away from every
-    cumulative probability of the (temperature, top-k) distribution (0.01 for the untempered one), so that what
-    it keeps is clear-cut; and with which the right distribution and three mistakes' are far apart
-    (_top_p_separates), so that each mistake gets its own hint. Two rows: one row often cannot tell top-p before
-    the temperature from the dropped crossing token (with top_k=3 and T > 1 it never can)."""
-    temperature, top_k = kwargs["temperature"], kwargs.get("top_k")
-    for _ in range(300):
-        tempered, untempered = (_filtered(rows, t, top_k, None) for t in (temperature, 1.0))
-        cumulative, untempered_cumulative = (d.sort(dim=-1, descending=True).values.cumsum(dim=-1)
-                                             for d in (tempered, untempered))
-        low = float(cumulative[:, 0].max()) + 0.04
-        for _ in range(50):
-            p = round(low + (0.96 - low) * float(torch.rand((), generator=gen)), 4)
-            if (low < 0.96 and float((cumulative - p).abs().min()) >= 0.04
-                    and float((untempered_cumulative - p).abs().min()) >= 0.01
-                    and _top_p_separates(rows, temperature, top_k, p)):
-                return rows, p
-        rows = torch.randn(rows.shape, generator=gen)
-    raise RuntimeError("no clear-cut top_p found")  # never reached in practice: random rows give one quickly
+def _roofline_random_inputs(gen: torch.Generator) -> dict:
+    calls = []
+    for dtype in DTYPES:
+        params = rand_int(gen, 10, 900) * 10_000_000
+        args = (params, rand_int(gen, 4, 40), _pick(gen, (1, 2, 4, 8, 16)), _pick(gen, (64, 80, 128)),
+                rand_int(gen, 0, 8000), _pick(gen, (1, 3, 16, 100, 400)))
+        calls.append((args, {"bandwidth": rand_int(gen, 1, 40) * 1e11, "peak_flops": rand_int(gen, 1, 100) * 1e13,
+                             "dtype": dtype}))
+    return {"calls": calls, "what": "random sizes and hardware"}
 
 
-def _top_p_separates(rows: Tensor, temperature: float, top_k: int | None, top_p: float) -> bool:
-    """Whether the right distribution and three mistakes' (the token crossing p dropped, top-p before the
-    temperature, no temperature at all) differ pairwise, in some token, by more than 6 sigma of each plus one
-    sample: draws from one of them then never fit another."""
-    candidates = [_filtered(rows, temperature, top_k, top_p),
-                  _filtered(rows, temperature, top_k, top_p, p_inclusive=True),
-                  _filtered(rows, temperature, top_k, top_p, p_before_temperature=True),
-                  _filtered(rows, 1.0, top_k, top_p)]
-    sigmas = [(c * (1 - c) / _REPEATS).sqrt() for c in candidates]
-    return all(bool(((candidates[i] - candidates[j]).abs() > 6 * (sigmas[i] + sigmas[j]) + 1 / _REPEATS).any())
-               for i in range(len(candidates)) for j in range(i + 1, len(candidates)))
+_ROOFLINE_HINTS = {
+    "weights_per_sequence": "the weights are read once per step and shared by the whole batch: count them once, "
+                            "not once per sequence",
+    "no_cache": "each step also reads every sequence's KV cache (context tokens, all layers): add "
+                "kv_cache_bytes(n_layers, n_kv_heads, d_head, context, batch, dtype) to the bytes",
+    "cache_one_sequence": "every sequence of the batch reads its own cache: pass batch to kv_cache_bytes",
+    "sum": "memory traffic and arithmetic overlap: a step lasts as long as the SLOWER of bytes / bandwidth and "
+           "FLOPs / peak_flops (max), not their sum",
+    "min": "a step lasts as long as the slower of bytes / bandwidth and FLOPs / peak_flops: take the max, not the min",
+    "flops_one_sequence": "every sequence of the batch does its own 2 FLOPs per parameter: multiply the FLOPs by batch",
+    "flops_without_two": "a parameter costs a multiply AND an add per token: 2 FLOPs, not 1",
+    "weights_fixed_bytes": "the weights are stored in dtype too: n_params · dtype.itemsize bytes",
+    "seconds": "that is the duration of one step; return tokens per second: batch / step time",
+    "per_sequence": "that is tokens per second for one sequence; the step gives one token to EVERY sequence: "
+                    "batch / step time",
+}
 
 
-def _filtered(rows: Tensor, temperature: float, top_k: int | None, top_p: float | None, *,
-              drop_kth: bool = False, p_inclusive: bool = False, p_before_temperature: bool = False) -> Tensor:
-    """The sampling distribution (float64), or a known mistake's."""
-    logits = rows.double() / temperature
-    if top_k is not None:
-        kth = torch.sort(logits, dim=-1, descending=True).values[:, top_k - 1 : top_k]
-        logits = logits.masked_fill(logits <= kth if drop_kth else logits < kth, float("-inf"))
-    if top_p is not None:
-        source = rows.double() if p_before_temperature else logits
-        if p_before_temperature and top_k is not None:
-            source = source.masked_fill(logits == float("-inf"), float("-inf"))
-        probs = torch.softmax(source, dim=-1)
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        cumulative = sorted_probs.cumsum(dim=-1)
-        keep_sorted = (cumulative < top_p) if p_inclusive else (cumulative - sorted_probs < top_p)
-        keep_sorted[:, 0] = True
-        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-        logits = logits.masked_fill(~keep, float("-inf"))
-    return torch.softmax(logits, dim=-1)
+@core.recorded
+def _roofline_variants(calls: list) -> dict[str, Any]:
+    """For each call: the library's answer ("expected") and what each mistake of _ROOFLINE_HINTS gives, stacked
+    (float64, one value per call)."""
+    table: dict[str, list[float]] = {name: [] for name in ("expected", *_ROOFLINE_HINTS)}
+    for (params, layers, kv_heads, d_head, context, batch), kwargs in calls:
+        dtype = getattr(torch, kwargs["dtype"])
+        bandwidth, peak = kwargs["bandwidth"], kwargs["peak_flops"]
+        table["expected"].append(ref.decode_tokens_per_second(params, layers, kv_heads, d_head, context, batch,
+                                                              bandwidth=bandwidth, peak_flops=peak, dtype=dtype))
+        weights = params * dtype.itemsize
+        cache = ref.kv_cache_bytes(layers, kv_heads, d_head, context, batch, dtype)
+        flops = 2 * params * batch
+
+        def tokens(bytes_: float, flops_: float, combine=max) -> float:
+            return batch / combine(bytes_ / bandwidth, flops_ / peak)
+
+        step = max((weights + cache) / bandwidth, flops / peak)
+        table["weights_per_sequence"].append(tokens(weights * batch + cache, flops))
+        table["no_cache"].append(tokens(weights, flops))
+        table["cache_one_sequence"].append(tokens(weights + cache / batch, flops))
+        table["sum"].append(batch / ((weights + cache) / bandwidth + flops / peak))
+        table["min"].append(tokens(weights + cache, flops, min))
+        table["flops_one_sequence"].append(tokens(weights + cache, flops / batch))
+        table["flops_without_two"].append(tokens(weights + cache, flops / 2))
+        table["weights_fixed_bytes"].append(tokens(params * 4 + cache, flops))
+        table["seconds"].append(step)
+        table["per_sequence"].append(1 / step)
+    return core.stacked({name: torch.tensor(values, dtype=torch.float64) for name, values in table.items()})
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=0.0)
+
+
+def _judge_roofline(inputs: dict, outputs: dict) -> None:
+    variants = core.unstacked(_roofline_variants(inputs["calls"]))
+    outs, wrong = [], None
+    for i, ((args, kwargs), result) in enumerate(zip(inputs["calls"], outputs["results"])):
+        what = f"{inputs['what']}, {kwargs['dtype']}, context {args[4]}, batch {args[5]}"
+        if result["error"] is not None:
+            fail(f"{what}: your code raised {_error_text(result['error'])}")
+        out = result["out"]
+        if isinstance(out, Tensor) and out.numel() == 1:
+            fail(f"{what}: return a Python number (float(...)), not a tensor")
+        if isinstance(out, bool) or not isinstance(out, (int, float)):
+            fail(f"{what}: return the tokens per second as a float; got {type(out).__name__}")
+        outs.append(float(out))
+        if wrong is None and not _close(out, float(variants["expected"][i])):
+            wrong = (i, what)
+    if wrong is None:
+        return
+    i, what = wrong
+    expected = float(variants["expected"][i])
+    # The mistake whose numbers are the learner's on every call of the case (two can coincide on one call).
+    for name, hint in _ROOFLINE_HINTS.items():
+        if all(_close(out, float(v)) for out, v in zip(outs, variants[name])):
+            fail(f"{what}: you give {outs[i]:,.6g} tokens/s, expected {expected:,.6g}: {hint}")
+    fail(f"{what}: you give {outs[i]:,.6g} tokens/s, expected {expected:,.6g} = batch / max((n_params · itemsize + "
+         "kv_cache_bytes(…, context, batch, dtype)) / bandwidth, 2 · n_params · batch / peak_flops)")
+
+
+# --- PagedKVCache -------------------------------------------------------------------------------------------------
+
+
+def _paged_inputs(kind: str, dtype: str = "float32"):
+    """``kind``: "steps" (a prompt, then one token per step, across block boundaries), "free" (truncate to a length
+    inside a block, drop and reorder rows, then write more: the freed blocks are handed out again), "overflow"
+    (a pool that runs out)."""
+
+    def inputs(gen: torch.Generator) -> dict:
+        n_layers, batch = rand_int(gen, 2, 3), rand_int(gen, 2, 3)
+        kv_heads, d_head, block = rand_int(gen, 1, 2), rand_int(gen, 2, 4), _pick(gen, (2, 3, 4))
+        if kind == "free":
+            batch = 3
+        elem = getattr(torch, dtype)
+
+        def chunk(n: int) -> list:
+            return [tuple(torch.randn(batch_now, kv_heads, n, d_head, generator=gen, dtype=elem) for _ in range(2))
+                    for _ in range(n_layers)]
+
+        batch_now, ops, length, most = batch, [], 0, 0  # most: the blocks the rows hold at the fullest
+        if kind == "steps":
+            sizes = [rand_int(gen, block + 1, 2 * block + 1)] + [1] * rand_int(gen, block + 1, 2 * block)
+        elif kind == "free":
+            sizes = [rand_int(gen, 2 * block + 1, 3 * block)]
+        else:
+            sizes = [rand_int(gen, block + 1, 2 * block)]
+        for n in sizes:
+            ops.append({"chunk": chunk(n)})
+            length += n
+        most = batch * -(-length // block)
+        if kind == "free":
+            length = rand_int(gen, block + 1, length - 1)
+            if length % block == 0:
+                length += 1  # a length inside a block: its last block still holds tokens
+            ops.append({"truncate": length})
+            ops.append({"retain": [2, 0] if rand_int(gen, 0, 1) else [1, 2]})
+            batch_now = 2
+            for n in (rand_int(gen, block, 2 * block), 1, rand_int(gen, 2, block + 1)):
+                ops.append({"chunk": chunk(n)})
+                length += n
+                most = max(most, batch_now * -(-length // block))
+        # room to spare but in "overflow": a cache that takes blocks it does not need shows it before running out
+        n_blocks = most + rand_int(gen, 0, 2) + (0 if kind == "overflow" else most * (n_layers - 1))
+        if kind == "overflow":  # more positions than the whole pool has
+            ops.append({"overflow": tuple(torch.randn(batch, kv_heads, block * (n_blocks + 1), d_head, generator=gen,
+                                                      dtype=elem) for _ in range(2))})
+        free = torch.randperm(n_blocks, generator=gen).tolist()  # blocks handed out in an order of their own
+        return {"init_args": (n_layers, batch, kv_heads, d_head),
+                "init_kwargs": {"n_blocks": n_blocks, "block_size": block, "dtype": dtype},
+                "free": free, "ops": ops}
+
+    return inputs
+
+
+@core.recorded
+def _paged_expected(ops: list) -> list:
+    """After each chunk op: every layer's keys and values as a cache must return them, (layer, keys or values,
+    batch, kv_heads, positions, d_head) — what was written to each row, in order, after the truncations and the
+    rows dropped (None for the other ops)."""
+    held = None  # [layer][keys or values] -> (batch, kv_heads, positions, d_head)
+    found = []
+    for op in ops:
+        if "chunk" in op:
+            new = [[kv[j] for j in (0, 1)] for kv in op["chunk"]]
+            held = new if held is None else [[torch.cat((held[l][j], new[l][j]), dim=-2) for j in (0, 1)]
+                                             for l in range(len(new))]
+            found.append(torch.stack([torch.stack(pair) for pair in held]))
+            continue
+        if "truncate" in op:
+            held = [[t[:, :, : op["truncate"]] for t in pair] for pair in held]
+        elif "retain" in op:
+            held = [[t[list(op["retain"])] for t in pair] for pair in held]
+        found.append(None)
+    return found
+
+
+def _in_id_order(want: Tensor, tables: list, block: int) -> Tensor:
+    """What gathering each row's blocks in the order of their ids (not of the table) returns, from ``want``."""
+    length = want.shape[-2]
+    padded = torch.nn.functional.pad(want, (0, 0, 0, len(tables[0]) * block - length))
+    found = []
+    for row, table in enumerate(tables):
+        order = sorted(range(len(table)), key=lambda i: table[i])
+        found.append(torch.cat([padded[row, :, i * block : (i + 1) * block] for i in order], dim=-2)[:, :length])
+    return torch.stack(found)
+
+
+def _judge_paged_returned(step: dict, expected: Tensor, block: int, held: int, what: str) -> None:
+    tables = step.get("tables")
+    if not isinstance(tables, list) or not tables or any(len(t) != len(tables[0]) for t in tables) or (
+            len(tables) != expected.shape[2] or len(tables[0]) * block < expected.shape[-2]):
+        tables = None
+    for layer, returned in enumerate(step["returned"]):
+        if not isinstance(returned, (list, tuple)) or len(returned) != 2:
+            fail(f"{what}: write(layer, k, v) must return a pair (keys, values)")
+        for j, name in ((0, "keys"), (1, "values")):
+            got, want = returned[j], expected[layer][j]
+            if core.same(got, want, 0.0, dtype="kind"):
+                continue
+            if core.same(got, expected[layer][1 - j], 0.0, dtype="kind"):
+                fail(f"{what}: write returns (values, keys): return (keys, values), in that order")
+            if not isinstance(got, Tensor) or got.dim() != 4:
+                fail(f"{what}: write must return {name} as a tensor (batch, kv_heads, held + new, d_head)")
+            length = want.shape[-2]
+            if got.shape[-2] == -(-length // block) * block != length and core.same(
+                    got[:, :, :length], want, 0.0, dtype="kind"):
+                fail(f"{what}: write returns whole blocks ({got.shape[-2]} positions) although {length} are "
+                     "filled: attention would also look at the unwritten rest of the last block. Return only "
+                     "the first len + new positions")
+            if held and core.same(got, want[:, :, held:], 0.0, dtype="kind"):
+                fail(f"{what}: write returns only the new {name}: return the held ones followed by the new ones, "
+                     "gathered from the row's blocks")
+            if tuple(got.shape) != tuple(want.shape):
+                fail(f"{what}: write must return {name} of shape {tuple(want.shape)} (batch, kv_heads, held + new, "
+                     f"d_head); got {tuple(got.shape)}")
+            if tables is not None and core.same(got, _in_id_order(want, tables, block), 0.0, dtype="kind"):
+                fail(f"{what}: every {name[:-1]} written came back, but in another order: gather a row's blocks in "
+                     "the order of its block table (its logical blocks 0, 1, …), not in the order of their ids")
+            empty = (got == 0).all(dim=1).all(dim=-1) & ~(want == 0).all(dim=1).all(dim=-1)  # (batch, positions)
+            if bool(empty.any()) or (got.shape[0] > 1 and all(torch.equal(got[0], got[b]) for b in range(1, len(got)))):
+                row, p = [int(i) for i in (empty.nonzero()[0] if bool(empty.any()) else (1, 0))]
+                fail(f"{what}: row {row}'s {name} at position {p} did not come back from the block its table names: "
+                     "the write put them in another block. Position p of row b goes to the pool's block "
+                     "block_tables[b][p // block_size] (a physical block id, taken from free_blocks), at offset "
+                     "p % block_size; the logical block index p // block_size is not a block id")
+            fail(f"{what}: write must return, for each row, the {name} written to it so far, in position order: "
+                 "position p of row b is in block block_tables[b][p // block_size] at offset p % block_size")
+
+
+def _judge_paged_state(step: dict, n_blocks: int, block: int, what: str, truncated: bool = False) -> None:
+    tables, free = step["tables"], step["free"]
+    if tables is None or free is None:
+        fail(f"{what}: keep block_tables (a list of block ids per row) and free_blocks (a list) as __init__ makes "
+             "them")
+    if not step["in_place"]:
+        fail(f"{what}: the pools were replaced: write the keys and values INTO k_pool[layer] / v_pool[layer] "
+             "(pool[blocks, :, offsets] = …); they are allocated once, never grown or rebuilt")
+    everywhere = [b for table in tables for b in table] + list(free)
+    for b in sorted(set(everywhere)):
+        owners = [row for row, table in enumerate(tables) if b in table]
+        if b in free and owners:
+            fail(f"{what}: block {b} is in free_blocks although row {owners[0]} still holds it (freed while in "
+                 "use): another row would take it and overwrite its keys. Give back only the blocks no longer "
+                 "needed")
+        if len(owners) > 1 or everywhere.count(b) > 1:
+            fail(f"{what}: block {b} appears twice (in two tables, or twice in free_blocks): a block belongs to "
+                 "one row or to the pool")
+    if sorted(everywhere) != list(range(n_blocks)):
+        lost = sorted(set(range(n_blocks)) - set(everywhere))
+        fail(f"{what}: block {lost[0] if lost else '?'} is neither in a row's table nor in free_blocks: blocks "
+             "that a row no longer needs must go back to free_blocks")
+    need, length = -(-step["length"] // block), step["length"]
+    for row, table in enumerate(tables):
+        if len(table) == need:
+            continue
+        if truncated and len(table) < need:
+            fail(f"{what}: row {row} kept {len(table)} blocks for {length} tokens: the last of the "
+                 f"ceil({length} / {block}) = {need} blocks is partly filled but still in use; give back only the "
+                 "blocks past it")
+        if truncated:
+            fail(f"{what}: row {row} still holds {len(table)} blocks for {length} tokens: give the blocks past "
+                 f"ceil({length} / {block}) = {need} back to free_blocks")
+        if len(table) < need:
+            fail(f"{what}: row {row} holds {len(table)} blocks for {length} tokens; it needs "
+                 f"ceil({length} / {block}) = {need}: take a block from free_blocks when a write goes past the last "
+                 "one")
+        fail(f"{what}: row {row} holds {len(table)} blocks for {length} tokens; ceil({length} / {block}) = {need} "
+             "are enough")
+
+
+def _judge_paged(inputs: dict, outputs: dict) -> None:
+    expected = _paged_expected(inputs["ops"])
+    n_blocks, block = inputs["init_kwargs"]["n_blocks"], inputs["init_kwargs"]["block_size"]
+    length, tables = 0, None
+    for i, (op, step) in enumerate(zip(inputs["ops"], outputs["steps"])):
+        if "chunk" in op:
+            n = op["chunk"][0][0].shape[-2]
+            what = f"writing {n} token(s) after {length}"
+            moved = [got for got in step["length_after_write"] if got != length]
+            if moved:
+                fail(f"{what}: len(cache) moved to {moved[0]} inside write: write must not advance the length "
+                     "(every layer writes at the same positions); advance does, once")
+            taken = step.get("blocks_after_write", [])
+            if len(taken) > 1 and any(b != taken[0] for b in taken[1:]):
+                fail(f"{what}: the layers after the first took blocks too ({taken} blocks held after each layer's "
+                     "write): all layers share one block table, so take blocks only when the table is too short "
+                     "for the new positions (the first layer's write), never once per layer")
+            if "length" not in step:  # the op raised: reported below
+                break
+            if step["returned"]:
+                _judge_paged_returned(step, expected[i], block, length, what)
+            length += n
+        elif "length" not in step:  # the op raised: reported below
+            break
+        elif "truncate" in op:
+            what = f"truncate({op['truncate']}) of {length} tokens"
+            length = op["truncate"]
+            if step["length"] != length:
+                fail(f"{what}: len(cache) is {step['length']} afterwards, expected {length}")
+        elif "retain" in op:
+            rows = op["retain"]
+            what = f"retain({rows}) of {len(tables)} rows"
+            if step["tables"] != [tables[r] for r in rows]:
+                fail(f"{what}: block_tables must become the kept rows' tables, in the order of rows "
+                     f"({[tables[r] for r in rows]}); got {step['tables']}")
+        else:
+            what = "a write that needs more blocks than the pool has free"
+            _expect_value_error(step["error"], what, "n_blocks")
+            if step["tables"] != tables or step["length"] != length:
+                fail(f"{what}: refuse before changing anything: the block tables (or the length) changed")
+            continue
+        if step["length"] != length:
+            fail(f"{what}: len(cache) is {step['length']}, expected {length}")
+        _judge_paged_state(step, n_blocks, block, what, truncated="truncate" in op)
+        tables = step["tables"]
+    if outputs["error"] is not None:
+        done = len(outputs["steps"])
+        op = inputs["ops"][done - 1] if done else {}
+        what = ("writing" if "chunk" in op else "truncate" if "truncate" in op else "retain" if "retain" in op
+                else "the first write")
+        fail(f"{what} (step {done} of {len(inputs['ops'])}): your code raised {_error_text(outputs['error'])}")
+
+
+# --- the toy language model of the generation checks ---------------------------------------------------------
+
+
+def _toy_spec(gen: torch.Generator, vocab: int, max_len: int, scale: float = 2.0) -> dict:
+    d = 5
+    return {"tokens": torch.randn(vocab, d, generator=gen, dtype=torch.float64),
+            "positions": torch.randn(max_len, d, generator=gen, dtype=torch.float64),
+            "out": torch.randn(d, vocab, generator=gen, dtype=torch.float64) * scale}
+
+
+def _toy(spec: dict) -> ToyLM:
+    return ToyLM(spec["tokens"], spec["positions"], spec["out"], spec.get("fail_at", 0))
+
+
+@core.recorded
+def _ref_generate(spec: dict, idx: Tensor, max_new_tokens: int) -> Tensor:
+    """The library's greedy generate on the toy model ``spec`` (eval mode)."""
+    return ref.generate(_toy(spec).eval(), idx, max_new_tokens, temperature=0)
+
+
+@core.recorded
+def _draft_choices(draft: dict, tokens: Tensor) -> Tensor:
+    """The toy draft's greedy choice after each prefix of ``tokens`` (1, seq): (seq,), entry i follows tokens[:i+1]."""
+    with torch.no_grad():
+        return _toy(draft)(tokens)[0].argmax(dim=-1)
+
+
+def _calls_ok(calls: list, who: str = "the model") -> None:
+    if any(call["grad"] for call in calls):
+        fail(f"{who} ran with autograd on: generate under torch.inference_mode() (or torch.no_grad()), otherwise "
+             "every step keeps its graph and memory grows with every token")
+    if any(call["training"] for call in calls):
+        fail(f"{who} ran in training mode (dropout on): call .eval() while generating")
+
+
+def _judge_mode(result: dict, training: Any, who: str = "the model") -> None:
+    after = result["training"]
+    if after != training:
+        fail(f"{who} was in {'training' if training else 'eval'} mode before and is not afterwards: keep the mode "
+             "(was_training = model.training) and restore it in a finally: block, so that it comes back also when "
+             "generation raises")
+
+
+# --- generate_batch ---------------------------------------------------------------------------------------------
+
+
+def _batch_inputs(kind: str, *, training: bool = False):
+    """``kind``: "greedy" (prompts of different lengths; then sampled twice with one seed), "eos" (a token that ends some rows early), "errors" (a
+    model that fails on its third call; prompts past max_len), "sample" (the same generator seed twice),
+    "edge" (one prompt; prompts of one length; max_new_tokens=0)."""
+
+    def inputs(gen: torch.Generator) -> dict:
+        vocab, max_len = rand_int(gen, 6, 10), rand_int(gen, 24, 32)
+        spec = _toy_spec(gen, vocab, max_len)
+
+        def prompts(n: int, low: int = 1, high: int = 7) -> list[Tensor]:
+            lengths = [rand_int(gen, low, high) for _ in range(n)]
+            if len(set(lengths)) == 1 and n > 1 and kind != "edge":
+                lengths[0] = high + 1  # at least two lengths: padding to see
+            return [torch.randint(0, vocab, (n,), generator=gen) for n in lengths]
+
+        def run(ps, new, **kwargs) -> dict:
+            return {"model": spec, "prompts": ps, "max_new_tokens": new, "training": training,
+                    "kwargs": {"temperature": 0.0, **kwargs}}
+
+        if kind == "greedy":  # and sampled with top-k, twice with one seed: top_k and the generator are passed on
+            ps = prompts(rand_int(gen, 3, 4))
+            once = dict(run(ps, rand_int(gen, 6, 10), temperature=1.3, top_k=rand_int(gen, 2, vocab - 2)),
+                        seed=rand_int(gen, 0, 10_000))
+            runs = [run(ps, rand_int(gen, 6, 10)), once, dict(once)]
+        elif kind == "eos":
+            ps, new = prompts(4), rand_int(gen, 8, 12)
+            alone = [_ref_generate(spec, p[None], new)[0, len(p) :] for p in ps]
+            counts = torch.bincount(torch.cat([a[: new - 1] for a in alone]), minlength=vocab)
+            eos = int(counts.argmax())  # the token that ends the most rows early
+            runs = [run(ps, new, eos_id=eos)]
+        elif kind == "errors":
+            failing = dict(spec, fail_at=3)
+            ps = prompts(3)
+            runs = [{"model": failing, "prompts": ps, "max_new_tokens": 6, "training": True, "kwargs": {}},
+                    run(ps, max_len - max(len(p) for p in ps) + rand_int(gen, 1, 3))]
+        elif kind == "sample":
+            ps, seed = prompts(3), rand_int(gen, 0, 10_000)
+            once = dict(run(ps, 8, temperature=1.3, top_k=rand_int(gen, 2, vocab - 1)), seed=seed)
+            runs = [once, dict(once)]
+        else:
+            runs = [run(prompts(1), 7), run(prompts(3, 4, 4), 6), run(prompts(2), 0)]
+        return {"runs": runs}
+
+    return inputs
+
+
+def _expected_rows(spec: dict, prompts: list, new: int, eos: int | None) -> list[Tensor]:
+    """Each prompt's greedy tokens alone (the library's generate), cut after the first eos_id."""
+    rows = []
+    for p in prompts:
+        tokens = _ref_generate(spec, p[None], new)[0] if new else p.clone()
+        generated = tokens[len(p) :].tolist()
+        if eos is not None and eos in generated:
+            tokens = tokens[: len(p) + generated.index(eos) + 1]
+        rows.append(tokens)
+    return rows
+
+
+@core.recorded
+def _batch_layout(prompts: list) -> tuple[Tensor, Tensor]:
+    """The first call's padding (batch, width), True at real tokens, and each real token's position (0 at each
+    row's first real token; 0 at the pads)."""
+    width = max(len(p) for p in prompts)
+    padding = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for row, p in enumerate(prompts):
+        padding[row, width - len(p) :] = True
+    return padding, (padding.cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def _judge_first_call(call: dict, prompts: list) -> None:
+    width = max(len(p) for p in prompts)
+    real, counted = _batch_layout(prompts)
+    idx, padding, positions = call["idx"], call["padding"], call["positions"]
+    if tuple(idx.shape) != (len(prompts), width):
+        fail(f"the first call must feed every prompt at once, left-padded to the longest: idx of shape "
+             f"{(len(prompts), width)}; it was {tuple(idx.shape)}")
+    for row, p in enumerate(prompts):
+        if not torch.equal(idx[row, width - len(p) :], p):
+            if torch.equal(idx[row, : len(p)], p):
+                fail(f"row {row} is padded on the right: pad on the LEFT, so that every row's last prompt token is "
+                     "in the last column, where logits[:, -1] reads the next token")
+            fail(f"row {row} of the first call is not its prompt, left-padded")
+    if padding is None or padding.dtype != torch.bool or not torch.equal(padding, real):
+        fail("pass padding=… to the model: a bool tensor (batch, columns), False at the left padding and True at "
+             "the real tokens, so that no real token attends to a pad")
+    if positions is None:
+        fail("pass positions=… to the model: each row's positions count from its own first real token (0, 1, …); "
+             "the default 0, 1, … counts from the first column, the padding")
+    for row, p in enumerate(prompts):
+        got = positions[row, width - len(p) :]
+        if not torch.equal(got, counted[row, width - len(p) :].to(got.dtype)):
+            if width != len(p) and got.tolist() == list(range(width - len(p), width)):
+                fail(f"row {row}'s positions are counted from the padding ({got.tolist()}): count them from the "
+                     "row's first real token (0, 1, …), as if the prompt were alone, e.g. padding.cumsum(-1) - 1")
+            fail(f"row {row}'s real tokens must be at positions 0…{len(p) - 1}; they were at {got.tolist()}")
+
+
+def _judge_later_calls(calls: list, prompts: list, expected: list[Tensor]) -> None:
+    """After the prompt, each call feeds one token per row still generating (or per row), at the next position,
+    with one more column of padding, True."""
+    width = max(len(p) for p in prompts)
+    for step, call in enumerate(calls[1:], start=1):
+        going = [row for row, (p, e) in enumerate(zip(prompts, expected)) if len(e) - len(p) > step]
+        rows = list(range(len(prompts))) if call["idx"].shape[0] == len(prompts) else going
+        if call["idx"].shape != (len(rows), 1):
+            fail(f"step {step}: feed one new token per row still generating (or per row); the model got idx of "
+                 f"shape {tuple(call['idx'].shape)}")
+        padding, positions = call["padding"], call["positions"]
+        if padding is None or tuple(padding.shape) != (len(rows), width + step):
+            fail(f"step {step}: padding must cover every column the cache holds plus the new one: "
+                 f"{(len(rows), width + step)}; got {None if padding is None else tuple(padding.shape)} (add a "
+                 "column of True for each new token)")
+        for i, row in enumerate(rows):
+            if row not in going:
+                continue
+            if not bool(padding[i, -1]):
+                fail(f"step {step}: the new token's column of padding must be True (a real token)")
+            want = len(prompts[row]) + step - 1
+            if positions is None or int(positions[i, -1]) != want:
+                got = None if positions is None else int(positions[i, -1])
+                fail(f"step {step}: row {row}'s new token is at position {want} (its prompt's {len(prompts[row])} "
+                     f"tokens, then one per step); it was given {got}")
+
+
+def _judge_batch_run(run: dict, result: dict) -> None:
+    prompts, new, kwargs = run["prompts"], run["max_new_tokens"], run["kwargs"]
+    spec, max_len = run["model"], run["model"]["positions"].shape[0]
+    if spec.get("fail_at"):
+        if result["error"] is None:
+            fail("the model raised in the middle of generation and your code went on: let the error out")
+        _judge_mode(result, run["training"])
+        return
+    width = max(len(p) for p in prompts)
+    if width + new > max_len:
+        if result["calls"]:
+            fail(f"the longest prompt ({width}) + {new} new tokens > max_len={max_len} must be refused BEFORE "
+                 f"generating: your code ran the model {len(result['calls'])} time(s) first")
+        _expect_value_error(result["error"], f"the longest prompt ({width}) + {new} new tokens with "
+                                             f"max_len={max_len}", "max_len")
+        _judge_mode(result, run["training"])
+        return
+    if result["error"] is not None:
+        fail(f"generating {new} tokens after prompts of lengths {[len(p) for p in prompts]} raised "
+             f"{_error_text(result['error'])}")
+    _judge_mode(result, run["training"])
+    _calls_ok(result["calls"])
+    out = result["out"]
+    if not isinstance(out, (list, tuple)) or len(out) != len(prompts) or not all(
+            isinstance(o, Tensor) and o.dim() == 1 for o in out):
+        fail(f"return a list of {len(prompts)} 1-d tensors: each prompt followed by its new tokens")
+    for row, (p, o) in enumerate(zip(prompts, out)):
+        if len(o) < len(p) or not torch.equal(o[: len(p)], p):
+            fail(f"output {row} must start with its prompt, unchanged")
+    if new == 0:
+        if any(len(o) != len(p) for o, p in zip(out, prompts)):
+            fail("max_new_tokens=0: return the prompts as they are")
+        return
+    if kwargs.get("temperature", 1.0) != 0:
+        if any(len(o) != len(p) + new for o, p in zip(out, prompts)) or any(
+                int(o.min()) < 0 or int(o.max()) >= spec["out"].shape[1] for o in out):
+            fail(f"sampling {new} tokens: each output must be its prompt followed by {new} token ids of the vocabulary")
+        if kwargs.get("top_k") is not None:
+            for row, (p, o) in enumerate(zip(prompts, out)):
+                with torch.no_grad():  # the toy's logits before each new token of this row, as if it were alone
+                    logits = _toy(spec)(o[None, :-1])[0, len(p) - 1 :]
+                allowed = logits >= torch.topk(logits, kwargs["top_k"], dim=-1).values[:, -1:]
+                if not bool(allowed.gather(-1, o[len(p) :, None]).all()):
+                    fail(f"row {row}: a sampled token is not among the top_k={kwargs['top_k']} of its step's logits: "
+                         "pass temperature, top_k, top_p and generator to sample_next_token")
+        return
+    expected = _expected_rows(spec, prompts, new, kwargs.get("eos_id"))
+    if result["calls"]:
+        _judge_first_call(result["calls"][0], prompts)
+        _judge_later_calls(result["calls"], prompts, expected)
+    for row, (o, e) in enumerate(zip(out, expected)):
+        if torch.equal(o, e):
+            continue
+        p = len(prompts[row])
+        produced = sorted((j, int(t)) for q, x in zip(prompts, out) for j, t in enumerate(x[len(q) :].tolist()))
+        wanted = sorted((j, int(t)) for q, x in zip(prompts, expected) for j, t in enumerate(x[len(q) :].tolist()))
+        if produced == wanted:
+            fail(f"row {row} got tokens of another row: the right tokens came out, credited to the wrong prompts. "
+                 "When finished rows leave the batch (cache.retain(rows)), keep track of which prompt each "
+                 "remaining row is")
+        if kwargs.get("eos_id") is not None and len(o) > len(e) and torch.equal(o[: len(e)], e):
+            fail(f"row {row} went on after its eos_id={kwargs['eos_id']}: a row stops after its own eos_id (kept "
+                 "as its last token) while the others go on")
+        if kwargs.get("eos_id") is not None and len(o) < len(e) and torch.equal(o, e[: len(o)]):
+            fail(f"row {row} stopped after {len(o) - p} new tokens, before its eos_id: each row stops at its OWN "
+                 f"eos_id (or after max_new_tokens={new})")
+        differ = [t for t in range(min(len(o), len(e))) if int(o[t]) != int(e[t])]
+        at = (differ[0] if differ else min(len(o), len(e))) - p
+        fail(f"row {row}'s greedy tokens differ from those of its prompt alone from new token {at} on: left-pad, "
+             "mask the padding, count each row's positions from its first real token, and feed each step's token "
+             "at the next position")
+
+
+def _judge_batch(inputs: dict, outputs: dict) -> None:
+    runs = outputs["runs"]
+    if not isinstance(runs, list) or len(runs) != len(inputs["runs"]):
+        fail("generate_batch could not be run on every case")
+    for run, result in zip(inputs["runs"], runs):
+        _judge_batch_run(run, result)
+    sampled = [(run, result) for run, result in zip(inputs["runs"], runs) if run.get("seed") is not None]
+    if len(sampled) == 2 and not all(torch.equal(a, b) for a, b in zip(sampled[0][1]["out"], sampled[1][1]["out"])):
+        fail("the same generator seed gave different tokens: draw every token from the given generator "
+             "(sample_next_token(..., generator))")
+
+
+# --- speculative_generate ---------------------------------------------------------------------------------------
+
+
+@core.recorded
+def _first_token_distributions(target: dict, draft: dict, idx: Tensor, sampling: dict) -> dict[str, Any]:
+    """The first new token's distribution after one round with one drafted token, stacked: the target's ("right":
+    what a correct speculative step gives), the draft's ("draft": drafted tokens kept unchecked), accepting with
+    min(1, q/p) ("inverted"), and resampling a rejected token from p instead of norm(max(0, p - q)) ("from_p")."""
+    with torch.no_grad():
+        p = ref.next_token_probs(_toy(target)(idx)[:, -1], **sampling)[0].double()
+        q = ref.next_token_probs(_toy(draft)(idx)[:, -1], **sampling)[0].double()
+
+    def speculative(accept: Tensor, resample: Tensor) -> Tensor:
+        kept = q * accept  # drafted x and kept
+        return kept + (1 - kept.sum()) * resample / resample.sum()
+
+    ratio = torch.where(q > 0, p / q.clamp_min(1e-300), torch.zeros_like(p))
+    inverse = torch.where(p > 0, q / p.clamp_min(1e-300), torch.ones_like(p))
+    residual = (p - q).clamp(min=0)
+    return core.stacked({"right": speculative(ratio.clamp(max=1), residual), "draft": q,
+                         "inverted": speculative(inverse.clamp(max=1), residual),
+                         "from_p": speculative(ratio.clamp(max=1), p)})
+
+
+@core.recorded
+def _target_joint(target: dict, idx: Tensor, n: int, sampling: dict) -> Tensor:
+    """The target's probability of each of the vocab ** n continuations of ``idx`` (in itertools.product order)."""
+    model = _toy(target)
+    vocab = target["out"].shape[1]
+    probs = []
+    with torch.no_grad():
+        for seq in itertools.product(range(vocab), repeat=n):
+            prob, prefix = 1.0, idx
+            for token in seq:
+                prob *= float(ref.next_token_probs(model(prefix)[:, -1], **sampling)[0, token])
+                prefix = torch.cat((prefix, torch.tensor([[token]])), dim=1)
+            probs.append(prob)
+    return torch.tensor(probs, dtype=torch.float64)
+
+
+_REPEATS = 600  # speculative runs of a sampling case
+_DETECT = 0.2  # the target's first-token distribution and each mistake's differ by at least this in some token
+_APART = 0.15  # and resampling from p differs as much from the two acceptance mistakes
+
+
+def _spec_pair(gen: torch.Generator, vocab: int, max_len: int, same: bool = False) -> tuple[dict, dict]:
+    target = _toy_spec(gen, vocab, max_len, scale=2.5)
+    return target, (target if same else _toy_spec(gen, vocab, max_len, scale=2.5))
+
+
+@core.recorded
+def _sampling_pair(seed: int, vocab: int, sampling: dict) -> dict[str, Any]:
+    """A target, a draft and a prompt whose first-token distributions p and q set the right answer and each
+    known mistake of _first_token_distributions apart (by _DETECT from the right one, _APART from one another).
+    Random toys rarely do; here the toys' output matrices are solved for chosen p and q."""
+    gen = torch.Generator().manual_seed(seed)
+    temperature, top_k = sampling.get("temperature", 1.0), sampling.get("top_k")
+    while True:
+        specs = [_toy_spec(gen, vocab, 8) for _ in range(2)]
+        idx = torch.randint(0, vocab, (1, rand_int(gen, 1, 3)), generator=gen)
+        for spec in specs:
+            toy = _toy(spec)
+            x = (toy.tokens[idx] + toy.positions[: idx.shape[1]])[0].detach()
+            h = torch.tanh(x[-1] + x.mean(dim=0))  # the toy's last hidden vector for this prompt
+            probs = torch.rand(vocab, generator=gen, dtype=torch.float64) ** 3
+            if top_k is not None:  # what top-k cuts away gets almost nothing
+                probs[probs.argsort()[: vocab - top_k]] = 1e-6
+            logits = (probs / probs.sum()).log() * temperature
+            spec["out"] = torch.outer(h, logits) / h.dot(h)  # h @ out = logits at the prompt's last position
+        # the undecorated function: only this search's result is recorded, not each of its attempts
+        found = core.unstacked(_first_token_distributions.__wrapped__(specs[0], specs[1], idx, sampling))
+        if all(float((found["right"] - found[m]).abs().max()) >= _DETECT for m in _MISTAKE) and all(
+                float((found["from_p"] - found[m]).abs().max()) >= _APART for m in ("draft", "inverted")):
+            return {"target": specs[0], "draft": specs[1], "idx": idx}
+
+
+def _speculative_inputs(kind: str, *, training: bool = False, top_k: bool = False):
+    """``kind``: "greedy" (lookahead 1-4; then the target as its own draft), "sample" (_REPEATS runs of two tokens
+    with lookahead 1, against the target's distribution, with a draft far from it), "rollback" (a draft that is
+    often rejected; a model that fails on its third call; a prompt past max_len)."""
+
+    def inputs(gen: torch.Generator) -> dict:
+        if kind == "sample":
+            vocab, sampling = (4, {"temperature": 0.8, "top_k": 3}) if top_k else (3, {"temperature": 1.0})
+            pair = _sampling_pair(rand_int(gen, 0, 10_000), vocab, sampling)
+            run = {**pair, "max_new_tokens": 2, "training": training, "seed": rand_int(gen, 0, 10_000),
+                   "repeat": _REPEATS, "kwargs": {"lookahead": 1, **sampling}}
+            return {"runs": [run], "sampling": sampling}
+        vocab, max_len = rand_int(gen, 5, 8), rand_int(gen, 24, 30)
+        idx = torch.randint(0, vocab, (1, rand_int(gen, 1, 5)), generator=gen)
+        greedy = {"temperature": 0.0}
+        if kind == "greedy":
+            target, draft = _spec_pair(gen, vocab, max_len)
+            new = rand_int(gen, 9, 14)
+            runs = [{"target": target, "draft": draft, "idx": idx, "max_new_tokens": new, "training": training,
+                     "kwargs": {"lookahead": k, **greedy}} for k in (1, rand_int(gen, 2, 4))]
+            k = rand_int(gen, 2, 4)
+            runs.append({"target": target, "draft": target, "idx": idx, "max_new_tokens": new, "training": training,
+                         "kwargs": {"lookahead": k, **greedy}, "same": True})
+        else:
+            target, draft = _spec_pair(gen, vocab, max_len)
+            sampled = {"target": target, "draft": draft, "idx": idx, "max_new_tokens": rand_int(gen, 12, 16),
+                       "training": training, "seed": rand_int(gen, 0, 10_000),
+                       "kwargs": {"lookahead": rand_int(gen, 2, 4), "temperature": 2.5}}  # flat: u matters
+            runs = [sampled, dict(sampled, twin=True),  # the same seed twice: the same tokens
+                    {"target": dict(target, fail_at=3), "draft": draft, "idx": idx, "max_new_tokens": 8,
+                     "training": True, "kwargs": {"lookahead": 2, **greedy}},
+                    {"target": target, "draft": draft, "idx": idx, "training": training,
+                     "max_new_tokens": max_len - idx.shape[1] + rand_int(gen, 1, 2), "kwargs": {"lookahead": 2}}]
+        return {"runs": runs}
+
+    return inputs
+
+
+def _judge_held(calls: list, tokens: Tensor) -> None:
+    """At the start of each round — a model's pass right after the other model's, or the very first — its cache
+    holds only tokens of the final output (nothing rejected). Within a round a cache also holds the round's
+    drafts, not yet judged."""
+    previous = None
+    for call in calls:
+        who, held = f"the {call['model']}", call["held"]
+        if held is None:
+            fail(f"every call of {who} must go through its cache (model(idx, cache))")
+        if call["model"] != previous and (
+                held.shape[1] > tokens.shape[1] or not torch.equal(held[0], tokens[0, : held.shape[1]])):
+            wrong = next((i for i in range(held.shape[1])
+                          if i >= tokens.shape[1] or int(held[0, i]) != int(tokens[0, i])), held.shape[1])
+            fail(f"{who}'s cache still held a rejected draft token (position {wrong}) when the next round fed it: "
+                 "after accepting n drafted tokens, roll both caches back to the accepted ones "
+                 "(cache.truncate(length)) before the next round")
+        previous = call["model"]
+
+
+def _judge_stats(stats: Any, result: dict, run: dict) -> dict:
+    if not isinstance(stats, dict) or not all(
+            isinstance(stats.get(key), int) and not isinstance(stats.get(key), bool)
+            for key in ("proposed", "accepted", "target_calls")):
+        fail("return (tokens, stats) with stats a dict of ints: proposed, accepted, target_calls")
+    ran = sum(call["model"] == "target" for call in result["calls"])
+    if stats["target_calls"] != ran:
+        fail(f"stats['target_calls'] is {stats['target_calls']} but the target ran {ran} times: count every forward "
+             "pass of the target")
+    if not 0 <= stats["accepted"] <= stats["proposed"] <= run["kwargs"].get("lookahead", 4) * stats["target_calls"]:
+        fail(f"stats {stats}: 0 <= accepted <= proposed <= lookahead · target_calls must hold (proposed counts the "
+             "drafted tokens the target scored, accepted those it kept)")
+    return stats
+
+
+def _judge_speculative_run(run: dict, result: dict) -> None:
+    idx, new, training = run["idx"], run["max_new_tokens"], run["training"]
+    max_len = min(run["target"]["positions"].shape[0], run["draft"]["positions"].shape[0])
+
+    def both() -> None:
+        for mode, who in zip(result["training"], ("the target", "the draft")):
+            _judge_mode({"training": mode}, training, who)
+
+    if run["target"].get("fail_at"):
+        if result["error"] is None:
+            fail("the target raised in the middle of generation and your code went on: let the error out")
+        both()
+        return
+    if idx.shape[1] + new > max_len:
+        if result["calls"]:
+            fail(f"a prompt of {idx.shape[1]} + {new} new tokens > max_len={max_len} must be refused BEFORE "
+                 "generating: your code ran the models first")
+        _expect_value_error(result["error"], f"a prompt of {idx.shape[1]} + {new} new tokens with max_len={max_len}",
+                            "max_len")
+        both()
+        return
+    greedy = run["kwargs"].get("temperature", 1.0) == 0
+    if result["error"] is not None:
+        if greedy:  # a cache left holding rejected tokens often ends in an error: say why first
+            _judge_held(result["calls"], _ref_generate(run["target"], idx, new))
+        fail(f"generating {new} tokens with lookahead={run['kwargs'].get('lookahead')} raised "
+             f"{_error_text(result['error'])}")
+    both()
+    _calls_ok([c for c in result["calls"] if c["model"] == "target"], "the target")
+    _calls_ok([c for c in result["calls"] if c["model"] == "draft"], "the draft")
+    tokens = result["tokens"]
+    if not isinstance(tokens, Tensor) or tuple(tokens.shape) != (1, idx.shape[1] + new):
+        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+        fail(f"return (tokens, stats) with tokens the prompt followed by the {new} new tokens, shape "
+             f"{(1, idx.shape[1] + new)}; got {shape}")
+    if not torch.equal(tokens[:, : idx.shape[1]], idx):
+        fail("the output must start with the prompt, unchanged")
+    stats = _judge_stats(result["stats"], result, run)
+    _judge_held(result["calls"], tokens)
+    if not greedy:
+        return
+    expected = _ref_generate(run["target"], idx, new)
+    draft_next = _draft_choices(run["draft"], expected)
+    if not torch.equal(tokens, expected):
+        first = int((tokens[0] != expected[0]).nonzero()[0])  # tokens[:, :first] is the target's greedy text
+        at = first - idx.shape[1]
+        if int(tokens[0, first]) == int(draft_next[first - 1]):
+            fail(f"greedy (temperature 0): new token {at} is the draft's choice where the target chooses another: "
+                 "a drafted token x is kept with probability min(1, p(x) / q(x)), p the target's probability and q "
+                 "the draft's; at temperature 0 p(x) is 0 for every token but the target's argmax, so it is "
+                 "rejected")
+        fail(f"greedy (temperature 0) must give the target's own greedy tokens; they differ from new token {at} on "
+             f"(lookahead={run['kwargs']['lookahead']}): accept a drafted token with probability min(1, p/q) and, "
+             "at the first rejection, take the next token from norm(max(0, p − q)); with temperature 0 both are "
+             "one-hot, so the target's argmax wins")
+    if run.get("same"):
+        k = run["kwargs"]["lookahead"]
+        if stats["accepted"] != stats["proposed"]:
+            fail(f"with the target as its own draft every drafted token must be accepted (p = q); "
+                 f"{stats['proposed'] - stats['accepted']} of {stats['proposed']} were rejected")
+        rounds = -(-new // (k + 1))
+        if stats["target_calls"] > rounds + 1:
+            fail(f"the target ran {stats['target_calls']} times for {new} tokens with lookahead={k} and every draft "
+                 f"accepted: score all the drafted tokens of a round in ONE target pass through its cache (at most "
+                 f"{rounds} rounds of k + 1 = {k + 1} tokens, one pass each)")
 
 
 def _deviation(freq: Tensor, probs: Tensor, repeats: int) -> float:
-    """How far the frequencies are from ``probs``, in units of 6 sigma (+ one sample); inf if a token of
-    probability 0 was drawn. At most 1: the frequencies could come from ``probs``."""
+    """How far the frequencies are from ``probs``, in units of 6 sigma (+ one sample); inf if an outcome of
+    probability 0 came out. At most 1: the frequencies could come from ``probs``."""
     if bool(((probs == 0) & (freq > 0)).any()):
         return math.inf
     sigma = (probs * (1 - probs) / repeats).sqrt()
     return float(((freq - probs).abs() / (6 * sigma + 1.0 / repeats)).max())
 
 
-def _consistent(freq: Tensor, probs: Tensor, repeats: int) -> bool:
-    return _deviation(freq, probs, repeats) <= 1.0
+_SAMPLE_HINTS = {
+    "acceptance": "the drafts are kept too often: a drafted token x is kept with probability min(1, p(x) / q(x)) "
+                  "(p the target's probability, q the draft's; not q/p, and never without the test u < p(x) / q(x)), "
+                  "so that the tokens the draft overrates are the ones rejected",
+    "from_p": "after a rejection you draw the token from the target's p: draw it from the residual "
+              "norm(max(0, p − q)), since the accepted drafts already gave every token min(p, q)",
+}
+_MISTAKE = {"draft": "acceptance", "inverted": "acceptance", "from_p": "from_p"}  # distribution -> its hint
 
 
-def _check_sample_form(first: Any, second: Any, rows: int, vocab: int) -> None:
-    """The draws are (batch, 1) integer ids in the vocabulary, the same for the same generator."""
-    if not isinstance(first, Tensor) or first.is_floating_point() or tuple(first.shape) != (rows, 1):
-        shape = tuple(first.shape) if isinstance(first, Tensor) else type(first).__name__
-        fail(f"return the token ids as an integer tensor of shape (batch, 1) = {(rows, 1)}; got {shape}")
-    if not isinstance(second, Tensor) or not torch.equal(first, second):
-        fail("with the same generator, the same tokens must come out: draw with the `generator` argument "
-             "(torch.multinomial(probs, 1, generator=generator)), not with torch's global random state")
-    if bool(((first < 0) | (first >= vocab)).any()):
+def _judge_speculative_sample(inputs: dict, run: dict, result: dict) -> None:
+    outs, n = result["outs"], run["max_new_tokens"]
+    vocab, start = run["target"]["out"].shape[1], run["idx"].shape[1]
+    if result["error"] is not None:
+        fail(f"sampling with lookahead=1 raised {_error_text(result['error'])}")
+    if len(outs) != run["repeat"] or not all(isinstance(o, Tensor) and tuple(o.shape) == (1, start + n) for o in outs):
+        fail(f"every run must return (tokens, stats), tokens of shape (1, {start + n})")
+    tokens = torch.stack([o[0, start:] for o in outs])
+    if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
         fail(f"token ids must be in 0…{vocab - 1}")
+    found = core.unstacked(_first_token_distributions(run["target"], run["draft"], run["idx"], inputs["sampling"]))
+    first = torch.bincount(tokens[:, 0], minlength=vocab).double() / len(outs)
+    if _deviation(first, found["right"], len(outs)) <= 1.0:  # the first token is right: then the whole text?
+        code = sum(tokens[:, i] * vocab ** (n - 1 - i) for i in range(n))
+        freq = torch.bincount(code, minlength=vocab ** n).double() / len(outs)
+        if _deviation(freq, _target_joint(run["target"], run["idx"], n, inputs["sampling"]), len(outs)) <= 1.0:
+            return
+        fail(f"over {len(outs)} runs with fixed generators the first token has the target's distribution but the "
+             "tokens after it do not: after a round, go on from the accepted tokens (and the one drawn after them), "
+             "with both caches rolled back to them")
+    # The known mistake that explains the draws best (multinomial log-likelihood), if it fits them and explains
+    # them clearly better than the next one: the hint then names it and no other.
+    counts = torch.bincount(tokens[:, 0], minlength=vocab).double()
+    fits = sorted(((float((counts * found[name].clamp_min(1e-12).log()).sum()), name) for name in _MISTAKE),
+                  reverse=True)
+    best = fits[0][1]
+    rival = next(f for f in fits if _MISTAKE[f[1]] != _MISTAKE[best])
+    if _deviation(first, found[best], len(outs)) <= 1.0 and fits[0][0] - rival[0] >= 10.0:
+        fail(f"over {len(outs)} runs with fixed generators, the first new token is not distributed as the target's: "
+             + _SAMPLE_HINTS[_MISTAKE[best]])
+    token = int((first - found["right"]).abs().argmax())
+    fail(f"over {len(outs)} runs with fixed generators, the first new token was {token} in {first[token]:.1%} of "
+         f"them; the target gives it {found['right'][token]:.1%}: accept a drafted token x with probability "
+         "min(1, p(x) / q(x)) and otherwise draw from norm(max(0, p − q))")
 
 
-def _sample_mistakes(distinct: Tensor, temperature: float, top_k: int | None, top_p: float | None,
-                     probs: Tensor) -> list[tuple[Tensor, str]]:
-    """(the distribution a known mistake samples from, its hint); the filters' mistakes first: when two
-    candidates coincide, the more specific hint wins."""
-    mistakes = []
-    if top_k is not None:
-        mistakes += [
-            (_filtered(distinct, temperature, top_k, top_p, drop_kth=True) if top_k > 1 else probs,
-             f"top_k={top_k} keeps {top_k - 1} tokens: keep the logits >= the k-th largest (mask with <, not <=)"),
-            (_filtered(distinct, temperature, None, top_p), f"top_k={top_k} has no effect: keep only the k most "
-                                                            "likely tokens (mask the others with -inf)"),
-        ]
-    if top_p is not None:
-        mistakes += [
-            (_filtered(distinct, temperature, top_k, top_p, p_inclusive=True),
-             f"top_p={top_p} drops the token that crosses p: keep the smallest set of most likely tokens whose "
-             "total probability reaches p, i.e. a token stays if the tokens MORE likely than it sum to < p"),
-            (_filtered(distinct, temperature, top_k, top_p, p_before_temperature=True),
-             "top-p must be applied to the distribution after temperature (and top-k), not before"),
-            (_filtered(distinct, temperature, top_k, None), f"top_p={top_p} has no effect: keep only the smallest "
-                                                            "set of most likely tokens whose probability reaches p"),
-        ]
-    mistakes += [
-        (_filtered(distinct, 1.0, top_k, top_p),
-         f"the temperature ({temperature}) has no effect: divide the LOGITS by it before the softmax (probabilities "
-         "divided by T after the softmax are renormalised and T cancels out)"),
-        (_filtered(distinct * temperature ** 2, temperature, top_k, top_p),
-         "you multiply by the temperature: divide the logits by it (T < 1 sharpens, T > 1 flattens)"),
-    ]
-    return mistakes
-
-
-def _explain_sample(freq: Tensor, probs: Tensor, distinct: Tensor, kwargs: dict, repeats: int) -> None:
-    """Fail with the hint of the known mistake that best fits the draws, else with what is off."""
-    temperature, top_k, top_p = kwargs.get("temperature", 1.0), kwargs.get("top_k"), kwargs.get("top_p")
-    mistakes = _sample_mistakes(distinct, temperature, top_k, top_p, probs)
-    matching = [(_deviation(freq, candidate, repeats), hint) for candidate, hint in mistakes
-                if not torch.allclose(candidate, probs, atol=0.02)]
-    matching = [(deviation, hint) for deviation, hint in matching if deviation <= 1.0]
-    if matching:  # the known mistakes that fit the draws, best first (on ties the more specific)
-        ranked = [hint for _, hint in sorted(matching, key=lambda m: m[0])]
-        fail(ranked[0] + (f" (or: {ranked[1]})" if len(ranked) > 1 else ""))
-    if top_k is not None:
-        kth = torch.sort(distinct, dim=-1, descending=True).values[:, top_k - 1 : top_k]
-        tied = (distinct == kth) & ((distinct == kth).sum(dim=-1, keepdim=True) > 1)
-        if bool((tied & (freq == 0) & (probs > 0.01)).any()):
-            fail(f"top_k={top_k}: a token tied with the k-th largest logit was never drawn; keep every logit >= the "
-                 "k-th largest (mask with logits < kth), not exactly k indices from torch.topk, which drops one of "
-                 "two equally likely tokens by its position in the vocabulary")
-    if bool(((probs == 0) & (freq > 0)).any()):
-        row, token = [int(i) for i in ((probs == 0) & (freq > 0)).nonzero()[0]]
-        fail(f"token {token} was sampled although {kwargs} excludes it (its logit is {distinct[row, token]:.3f}; "
-             "top-k keeps the logits >= the k-th largest, ties included; top-p keeps the smallest set reaching p)")
-    row, token = [int(i) for i in ((freq - probs).abs() == (freq - probs).abs().max()).nonzero()[0]]
-    fail(f"with {kwargs}, token {token} was drawn {freq[row, token]:.1%} of the time, its probability is "
-         f"{probs[row, token]:.1%}: sample from softmax(logits / temperature) restricted by top_k, then top_p, "
-         "and renormalised")
-
-
-@core.recorded
-def _greedy_tokens(logits: Tensor) -> Tensor:
-    """Temperature 0's tokens: the argmax of each row, (batch, 1)."""
-    return logits.argmax(dim=-1, keepdim=True)
-
-
-def _judge_sample(inputs: dict, outputs: dict) -> None:
-    (logits,), kwargs = inputs["args"], inputs["kwargs"]
-    first, second = outputs["first"], outputs["second"]
-    temperature, top_k, top_p = kwargs.get("temperature", 1.0), kwargs.get("top_k"), kwargs.get("top_p")
-    if outputs.get("error") is not None:
-        if temperature == 0:
-            fail(f"temperature 0 means greedy: return the argmax of each row, before any division by the "
-                 f"temperature (your code raised {_error_text(outputs['error'])})")
-        fail(f"with {kwargs}, your code raised {_error_text(outputs['error'])}")
-    _check_sample_form(first, second, logits.shape[0], logits.shape[-1])
-    distinct, repeats = inputs["distinct"], inputs["repeats"]
-    if temperature == 0:
-        if not torch.equal(first, _greedy_tokens(logits)):
-            fail("temperature 0 means greedy: return the argmax of each row (never divide by 0)")
-        return
-    tokens = first.view(distinct.shape[0], repeats)
-    freq = torch.stack([torch.bincount(t, minlength=logits.shape[-1]) for t in tokens]).double() / repeats
-    probs = _filtered(distinct, temperature, top_k, top_p)
-    if not _consistent(freq, probs, repeats):
-        _explain_sample(freq, probs, distinct, kwargs, repeats)
-
-
-def _sample_bad_inputs(gen: torch.Generator) -> dict:
-    name, value = _pick(gen, (("temperature", -0.5), ("top_k", 0), ("top_p", 0.0), ("top_p", 1.5)))
-    return {"args": (torch.randn(2, 6, generator=gen),), "kwargs": {name: value}, "bad": name}
-
-
-def _judge_sample_bad(inputs: dict, outputs: dict) -> None:
-    name = inputs["bad"]
-    _expect_value_error(outputs["error"], f"{name}={inputs['kwargs'][name]}", name)
-
-
-# --- generate ------------------------------------------------------------------------------------------
-
-
-def _toy_model(gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-    vocab, d, max_len = rand_int(gen, 7, 13), 6, rand_int(gen, 20, 32)
-    return (torch.randn(vocab, d, generator=gen, dtype=torch.float64),
-            torch.randn(max_len, d, generator=gen, dtype=torch.float64),
-            torch.randn(d, vocab, generator=gen, dtype=torch.float64) * 2)
-
-
-def _generate_inputs(kind: str, *, training: bool = False):
-    """Runs on one toy model: "greedy" (with and without the cache), "two_prompts" (cached, one after the other),
-    "limit" (one token too many, both paths, then an exact fit), "sample" (the same generator seed with and
-    without the cache), "zero" (max_new_tokens=0)."""
-
-    def inputs(gen: torch.Generator) -> dict:
-        model = _toy_model(gen)
-        vocab, max_len = model[0].shape[0], model[1].shape[0]
-
-        def prompt(batch: int, seq: int) -> Tensor:
-            return torch.randint(0, vocab, (batch, seq), generator=gen)
-
-        batch, seq = rand_int(gen, 1, 3), rand_int(gen, 2, 6)
-        new = rand_int(gen, 6, max_len - seq)
-        if kind == "greedy":
-            p = prompt(batch, seq)
-            runs = [{"idx": p, "max_new_tokens": new, "kwargs": {"use_cache": c, "temperature": 0.0}}
-                    for c in (True, False)]
-        elif kind == "two_prompts":
-            runs = [{"idx": prompt(batch, s), "max_new_tokens": rand_int(gen, 4, max_len - 8),
-                     "kwargs": {"use_cache": True, "temperature": 0.0}} for s in (seq, rand_int(gen, 2, 8))]
-        elif kind == "limit":
-            p = prompt(batch, seq)
-            runs = [{"idx": p, "max_new_tokens": max_len - seq + rand_int(gen, 1, 3),
-                     "kwargs": {"use_cache": c, "temperature": 0.0}} for c in (True, False)]
-            runs.append({"idx": p, "max_new_tokens": max_len - seq, "kwargs": {"use_cache": True, "temperature": 0.0}})
-        elif kind == "sample":
-            p, seed, top_k = prompt(batch, seq), rand_int(gen, 0, 10_000), rand_int(gen, 2, vocab - 1)
-            runs = [{"idx": p, "max_new_tokens": new, "seed": seed,
-                     "kwargs": {"use_cache": c, "temperature": 1.5, "top_k": top_k}} for c in (True, False)]
-        else:  # "zero"
-            runs = [{"idx": prompt(batch, seq), "max_new_tokens": 0, "kwargs": {"use_cache": c, "temperature": 0.0}}
-                    for c in (True, False)]
-        return {"model": model, "training": training, "runs": runs}
-
-    return inputs
-
-
-def _judge_calls(run: dict, result: dict, training: bool) -> None:
-    """How the model was called: with the cache the prompt once and then one token per step; without it, the
-    whole sequence every step; never with autograd on or in training mode; the mode restored afterwards."""
-    calls, seq = result["calls"], run["idx"].shape[1]
-    use_cache = run["kwargs"].get("use_cache", True)
-    if any(call[2] for call in calls):
-        fail("the model ran with autograd on: generate under torch.inference_mode() (or torch.no_grad()), "
-             "otherwise every step keeps its graph and memory grows with every token")
-    if any(call[3] for call in calls):
-        fail("the model ran in training mode (dropout on): call model.eval() while generating")
-    if result["training"] != training:
-        fail(f"the model was in {'training' if training else 'eval'} mode before generate and is not afterwards: "
-             "restore its mode (model.train(was_training)), also when an error is raised")
-    if len(calls) != run["max_new_tokens"]:
-        fail(f"{len(calls)} forward passes for {run['max_new_tokens']} new tokens: the prompt's pass gives the "
-             "first new token, each new token's pass the next one; the last new token needs no pass")
-    for i, (start, fed, *_rest) in enumerate(calls):
-        if use_cache:
-            want = (0, seq) if i == 0 else (seq + i - 1, 1)
-            if (start, fed) != want:
-                if i == 0:
-                    fail(f"with use_cache=True the first call must feed the whole prompt into a NEW cache; it fed "
-                         f"{fed} tokens to a cache already holding {start}: make a fresh model.new_cache(batch) "
-                         "for every prompt")
-                fail(f"with use_cache=True, step {i} must feed only the newest token (positions {seq + i - 1}); "
-                     f"you fed {fed} token(s) to a cache holding {start}")
-        elif (start, fed) != (0, seq + i):
-            fail(f"with use_cache=False, step {i} must recompute the whole sequence ({seq + i} tokens) without a "
-                 f"cache; you fed {fed} token(s) after {start} cached")
-
-
-def _judge_generate(inputs: dict, outputs: dict) -> None:
+def _judge_speculative(inputs: dict, outputs: dict) -> None:
     runs = outputs["runs"]
     if not isinstance(runs, list) or len(runs) != len(inputs["runs"]):
-        fail("generate could not be run on every prompt")
-    training = inputs["training"]
-    outs = []
-    for run, result in zip(inputs["runs"], runs):
-        seq, new = run["idx"].shape[1], run["max_new_tokens"]
-        model = _ToyLM(*inputs["model"])
-        max_len = model.config.max_len
-        if seq + new > max_len:
-            if result["calls"]:
-                fail(f"a prompt of {seq} + {new} new tokens > max_len={max_len} must be refused BEFORE generating: "
-                     f"your code ran the model {len(result['calls'])} time(s) first")
-            _expect_value_error(result["error"], f"a prompt of {seq} + {new} new tokens with max_len={max_len}",
-                                "max_len")
-            if result["training"] != training:
-                fail("after refusing, the model's mode must be what it was")
-            continue
-        if result["error"] is not None:
-            fail(f"generating {new} tokens after a prompt of {seq} (max_len={max_len}) raised "
-                 f"{_error_text(result['error'])}")
-        _judge_calls(run, result, training)
-        out = result["out"]
-        if not isinstance(out, Tensor) or tuple(out.shape) != (run["idx"].shape[0], seq + new):
-            shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-            fail(f"generate must return the prompt followed by the new tokens, shape {(run['idx'].shape[0], seq + new)}"
-                 f"; got {shape}")
-        if not torch.equal(out[:, :seq], run["idx"]):
-            fail("the output must start with the prompt, unchanged")
-        outs.append(out)
-        kwargs = run["kwargs"]
-        if kwargs.get("temperature", 1.0) == 0:
-            model.train(training)
-            expected = _ref_generate(inputs["model"], run["idx"], new, kwargs, training)
-            if not torch.equal(out, expected):
-                position = int((out != expected).any(dim=0).nonzero()[0]) - seq
-                fail(f"greedy tokens differ from the expected ones from new token {position} on "
-                     f"(use_cache={kwargs.get('use_cache', True)}): feed the model's last-position logits to "
-                     "sample_next_token, append the token, and feed the model the newest token with the cache (or "
-                     "the whole sequence without it)")
-        elif kwargs.get("top_k") is not None:
-            with torch.no_grad():
-                logits = model(out[:, :-1])[:, seq - 1 :]
-            allowed = logits >= torch.topk(logits, kwargs["top_k"], dim=-1).values[..., -1:]
-            if not allowed.gather(-1, out[:, seq:, None]).all():
-                fail(f"a sampled token is not among the top_k={kwargs['top_k']} of its step's logits: pass top_k (and "
-                     "temperature, top_p, generator) to sample_next_token")
-    sampled = [o for o, r in zip(outs, inputs["runs"]) if r.get("seed") is not None]
-    if len(sampled) == 2 and not torch.equal(*sampled):
-        fail("sampling with the same generator seed gave different tokens with and without the cache: both paths "
-             "see the same logits, so draw exactly once per step from the given generator (sample_next_token)")
+        fail("speculative_generate could not be run on every case")
+    for i, (run, result) in enumerate(zip(inputs["runs"], runs)):
+        if run.get("repeat", 1) > 1:
+            _judge_speculative_sample(inputs, run, result)
+        else:
+            _judge_speculative_run(run, result)
+        if run.get("twin") and not torch.equal(result["tokens"], runs[i - 1]["tokens"]):
+            fail("the same generator seed gave different tokens: draw every random number from the given generator "
+                 "(torch.rand((), generator=generator), torch.multinomial(…, generator=generator))")
 
 
 # --- the table ---------------------------------------------------------------------------------------------
 
+_NAMED = tuple(DTYPES)
+
 CHECKS: dict[str, Check] = {
-    "KVCache": Check(
-        name="KVCache",
-        visible=(
-            Case("a prompt, then one token per step", _cache_inputs("prompt"), "kv_cache_steps", _judge_cache),
-            Case("chunks of several tokens", _cache_inputs("chunks"), "kv_cache_steps", _judge_cache),
-            Case("a write past max_len raises ValueError", _cache_inputs("prompt", overflow=True), "kv_cache_steps",
-                 _judge_cache),
-        ),
-        hidden=(
-            Case("more chunks, other sizes", _cache_inputs("chunks"), "kv_cache_steps", _judge_cache),
-            Case("a float64 cache", _cache_inputs("chunks", dtype=torch.float64), "kv_cache_steps", _judge_cache),
-            Case("chunks, then a write past max_len", _cache_inputs("chunks", overflow=True), "kv_cache_steps",
-                 _judge_cache),
-        ),
-    ),
-    "CausalSelfAttention": Check(
-        name="CausalSelfAttention",
-        visible=(
-            Case("a prompt fed in chunks equals one pass (MHA)", _attention_inputs("mha"), "attention_with_cache",
-                 _judge_attention),
-            Case("grouped-query attention, prompt in chunks", _attention_inputs("gqa"), "attention_with_cache",
-                 _judge_attention),
-        ),
-        hidden=(
-            Case("GQA, random chunks", _attention_inputs("gqa", "random"), "attention_with_cache", _judge_attention),
-            Case("MQA, random chunks", _attention_inputs("mqa", "random"), "attention_with_cache", _judge_attention),
-            Case("MHA, random chunks", _attention_inputs("mha", "random"), "attention_with_cache", _judge_attention),
-        ),
-    ),
-    "GPT": Check(
-        name="GPT",
-        visible=(
-            Case("a prompt fed in chunks equals one pass; past max_len or another batch: ValueError", _gpt_inputs("mha"),
-                 "gpt_chunks", _judge_gpt),
-        ),
-        hidden=(
-            Case("GQA, random chunks", _gpt_inputs("gqa", "random"), "gpt_chunks", _judge_gpt),
-            Case("MQA, random chunks", _gpt_inputs("mqa", "random"), "gpt_chunks", _judge_gpt),
-            Case("MHA, random chunks", _gpt_inputs("mha", "random"), "gpt_chunks", _judge_gpt),
-        ),
-    ),
-    "sample_next_token": Check(
-        name="sample_next_token",
-        visible=(
-            Case("temperature 0 is the argmax", _sample_inputs("greedy"), "sample_twice", _judge_sample),
-            Case("temperature divides the logits", _sample_inputs("sample", temperature=(0.5, 2.0)), "sample_twice",
-                 _judge_sample),
-            Case("top-k keeps the k most likely", _sample_inputs("sample", top_k=True), "sample_twice", _judge_sample),
-            Case("top-k keeps the tokens tied with the k-th", _sample_inputs("ties"), "sample_twice", _judge_sample),
-            Case("top-p keeps the smallest set reaching p, after temperature",
-                 _sample_inputs("sample", temperature=(0.5, 2.0), top_p=True), "sample_twice", _judge_sample),
-        ),
-        hidden=(
-            Case("temperature 0 is the argmax", _sample_inputs("greedy"), "sample_twice", _judge_sample),
-            Case("temperature, other values", _sample_inputs("sample", temperature=(0.3, 0.7, 1.5, 3.0)),
-                 "sample_twice", _judge_sample),
-            Case("top-k with ties at the k-th logit keeps them all", _sample_inputs("ties"), "sample_twice",
-                 _judge_sample),
-            Case("temperature, then top-k, then top-p", _sample_inputs("sample", temperature=(0.6, 1.8), top_k=True,
-                                                                        top_p=True), "sample_twice", _judge_sample),
-            Case("top-p after temperature", _sample_inputs("sample", temperature=(0.5, 2.5), top_p=True),
-                 "sample_twice", _judge_sample),
-            Case("bad arguments raise ValueError", _sample_bad_inputs, "call_or_error", _judge_sample_bad),
-        ),
-    ),
-    "generate": Check(
-        name="generate",
-        visible=(
-            Case("greedy: the same tokens with and without the cache", _generate_inputs("greedy"), "generate_runs",
-                 _judge_generate),
-            Case("two prompts in a row: a fresh cache for each; the model's mode restored",
-                 _generate_inputs("two_prompts", training=True), "generate_runs", _judge_generate),
-            Case("past max_len: ValueError before generating", _generate_inputs("limit"), "generate_runs",
-                 _judge_generate),
-        ),
-        hidden=(
-            Case("greedy, model in training mode before", _generate_inputs("greedy", training=True), "generate_runs",
-                 _judge_generate),
-            Case("sampling: the same generator seed, the same tokens", _generate_inputs("sample"), "generate_runs",
-                 _judge_generate),
-            Case("two prompts in a row, eval mode before", _generate_inputs("two_prompts"), "generate_runs",
-                 _judge_generate),
-            Case("context limit, exact fit", _generate_inputs("limit"), "generate_runs", _judge_generate),
-            Case("max_new_tokens=0 returns the prompt", _generate_inputs("zero"), "generate_runs", _judge_generate),
-        ),
-    ),
     "kv_cache_bytes": Check(
         name="kv_cache_bytes",
         visible=(
             Case("per token: GPT-2 small 72 KiB, LLaMA-2-70B 320 KiB", _bytes_model_inputs(
                 ("GPT-2 small (124M) in float32", "LLaMA-2-70B in float16 (GQA, 8 K/V heads)"), per_token=True),
-                "call_with_dtype_or_error", _judge_bytes),
+                "calls_with_dtype", _judge_bytes),
             Case("LLaMA-2-70B with and without GQA", _bytes_model_inputs(
                 ("LLaMA-2-70B in float16 (GQA, 8 K/V heads)", "LLaMA-2-70B in float16 without GQA (64 K/V heads)"),
-                per_token=False), "call_with_dtype_or_error", _judge_bytes),
-            Case("batch and dtype", _bytes_random_inputs(("float16", "bfloat16", "float64")),
-                 "call_with_dtype_or_error", _judge_bytes),
-            Case("a size that is not a positive int raises ValueError", _bytes_bad_inputs, "call_with_dtype_or_error",
+                per_token=False), "calls_with_dtype", _judge_bytes),
+            Case("every dtype the exercise names, with a batch", _bytes_dtype_inputs(_NAMED), "calls_with_dtype",
+                 _judge_bytes),
+            Case("a size that is not a positive int raises ValueError", _bytes_bad_inputs, "calls_with_dtype",
                  _judge_bytes_bad),
         ),
         hidden=(
-            Case("published models", _bytes_model_inputs(tuple(_MODELS), per_token=False), "call_with_dtype_or_error",
+            Case("published models", _bytes_model_inputs(tuple(_MODELS), per_token=False), "calls_with_dtype",
                  _judge_bytes),
             Case("GQA models: LLaMA-2-70B, Mistral-7B", _bytes_model_inputs(_GQA_MODELS, per_token=False),
-                 "call_with_dtype_or_error", _judge_bytes),
-            Case("random sizes, batch and dtype", _bytes_random_inputs(("float16", "bfloat16", "float32", "float64",
-                                                                        "int8")), "call_with_dtype_or_error",
-                 _judge_bytes),
-            Case("default batch and dtype", _bytes_random_inputs(None, batch=False), "call_with_dtype_or_error",
-                 _judge_bytes),
-            Case("bad sizes raise ValueError", _bytes_bad_inputs, "call_with_dtype_or_error", _judge_bytes_bad),
+                 "calls_with_dtype", _judge_bytes),
+            Case("random sizes, every dtype and float64", _bytes_dtype_inputs(_NAMED + ("float64",)),
+                 "calls_with_dtype", _judge_bytes),
+            Case("default batch and dtype", _bytes_dtype_inputs((), batch=False), "calls_with_dtype", _judge_bytes),
+        ),
+    ),
+    "decode_tokens_per_second": Check(
+        name="decode_tokens_per_second",
+        visible=(
+            Case("LLaMA-2-7B in float16 on an H100, batch 1 to 2048, no cache yet: memory-bound, then compute-bound",
+                 _roofline_inputs("LLaMA-2-7B", "an H100 SXM", (0,), (1, 8, 64, 256, 512, 2048), ("float16",)),
+                 "calls_with_dtype", _judge_roofline),
+            Case("LLaMA-2-7B on an H100 with 1,024 tokens of cache per sequence, batch 1 to 256",
+                 _roofline_inputs("LLaMA-2-7B", "an H100 SXM", (1024,), (1, 16, 256), ("float16",)),
+                 "calls_with_dtype", _judge_roofline),
+            Case("every dtype the exercise names: Mistral-7B (GQA) on an A100",
+                 _roofline_inputs("Mistral-7B (GQA)", "an A100 80GB SXM", (4096,), (4,), _NAMED),
+                 "calls_with_dtype", _judge_roofline),
+        ),
+        hidden=(
+            Case("random sizes and hardware, every dtype", _roofline_random_inputs, "calls_with_dtype",
+                 _judge_roofline),
+            Case("LLaMA-2-70B (GQA) on an H100, contexts and batches",
+                 _roofline_inputs("LLaMA-2-70B (GQA)", "an H100 SXM", (0, 512, 8192), (1, 32, 300, 1000),
+                                  ("bfloat16", "int8")), "calls_with_dtype", _judge_roofline),
+            Case("GPT-2 small in float32 on an L4",
+                 _roofline_inputs("GPT-2 small", "an L4", (0, 1024), (1, 4, 64, 2048), ("float32",)),
+                 "calls_with_dtype", _judge_roofline),
+        ),
+    ),
+    "PagedKVCache": Check(
+        name="PagedKVCache",
+        visible=(
+            Case("a prompt, then one token per step, over several blocks and rows: equal to what was written",
+                 _paged_inputs("steps"), "paged_cache_steps", _judge_paged),
+            Case("truncate and retain give blocks back, and they are reused", _paged_inputs("free"),
+                 "paged_cache_steps", _judge_paged),
+            Case("a pool that runs out: ValueError naming n_blocks, nothing changed", _paged_inputs("overflow"),
+                 "paged_cache_steps", _judge_paged),
+        ),
+        hidden=(
+            Case("more steps, other sizes", _paged_inputs("steps"), "paged_cache_steps", _judge_paged),
+            Case("freeing and reusing, float64", _paged_inputs("free", "float64"), "paged_cache_steps", _judge_paged),
+            Case("running out", _paged_inputs("overflow"), "paged_cache_steps", _judge_paged),
+        ),
+    ),
+    "generate_batch": Check(
+        name="generate_batch",
+        visible=(
+            Case("greedy: each row's tokens are those of its prompt alone; sampling passes top_k and the generator on",
+                 _batch_inputs("greedy"),
+                 "generate_batch_runs", _judge_batch),
+            Case("eos_id: each row stops at its own", _batch_inputs("eos"), "generate_batch_runs", _judge_batch),
+            Case("the model's mode comes back, also when a step raises; past max_len: ValueError first",
+                 _batch_inputs("errors"), "generate_batch_runs", _judge_batch),
+        ),
+        hidden=(
+            Case("greedy, model in training mode before", _batch_inputs("greedy", training=True),
+                 "generate_batch_runs", _judge_batch),
+            Case("eos_id, other prompts", _batch_inputs("eos"), "generate_batch_runs", _judge_batch),
+            Case("sampling: the same generator seed, the same tokens", _batch_inputs("sample"), "generate_batch_runs",
+                 _judge_batch),
+            Case("one prompt; prompts of one length; max_new_tokens=0", _batch_inputs("edge"), "generate_batch_runs",
+                 _judge_batch),
+            Case("errors, other sizes", _batch_inputs("errors"), "generate_batch_runs", _judge_batch),
+        ),
+    ),
+    "speculative_generate": Check(
+        name="speculative_generate",
+        visible=(
+            Case("greedy: the target's own tokens, whatever the draft and lookahead", _speculative_inputs("greedy"),
+                 "speculative_runs", _judge_speculative),
+            Case("rejected drafts leave both caches; the modes come back, also when a step raises",
+                 _speculative_inputs("rollback"), "speculative_runs", _judge_speculative),
+            Case(f"sampling: the target's distribution ({_REPEATS} runs with fixed generators)",
+                 _speculative_inputs("sample"), "speculative_runs", _judge_speculative),
+        ),
+        hidden=(  # the sampling case last: it takes the longest
+            Case("greedy, models in training mode before", _speculative_inputs("greedy", training=True),
+                 "speculative_runs", _judge_speculative),
+            Case("rollback, other sizes", _speculative_inputs("rollback", training=True), "speculative_runs",
+                 _judge_speculative),
+            Case("sampling with temperature and top-k", _speculative_inputs("sample", top_k=True), "speculative_runs",
+                 _judge_speculative),
         ),
     ),
 }

@@ -201,7 +201,7 @@ def call_tracking_size(obj: Any, inputs: dict) -> dict:
 
 # --- chapter 4 ---
 
-from autograder.checks.lookup import LookupDecoder  # noqa: E402  (a plain-data decoder the decoding probes build)
+from autograder.checks.lookup import LookupModel  # noqa: E402  (a plain-data model the decoding probes build)
 
 
 def call_each(obj: Any, inputs: dict) -> dict:
@@ -243,76 +243,57 @@ def scheduler_lrs(obj: Any, inputs: dict) -> dict:
     return {"lrs": lrs, "error": None}
 
 
-def scheduler_factors(obj: Any, inputs: dict) -> dict:
-    """An optimizer over one parameter with one group per lr of ``inputs["lrs"]``; ``obj(optimizer, *args,
-    **kwargs)``; then the factor its LambdaLR's lambda gives each step of ``inputs["factor_steps"]`` (``lr_lambdas[0]``,
-    read without stepping). An exception (from ``obj``, or from the lambda) is returned (type and message)."""
-    groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": lr} for lr in inputs["lrs"]]
-    optimizer = torch.optim.SGD(groups)
-    try:
-        scheduler = obj(optimizer, *inputs.get("args", ()), **inputs.get("kwargs", {}))
-        lambdas = getattr(scheduler, "lr_lambdas", None)
-        if not isinstance(lambdas, list) or not lambdas or not callable(lambdas[0]):
-            raise TypeError(f"noam_scheduler returned {type(scheduler).__name__}, not a LambdaLR")
-        factors = [lambdas[0](step) for step in inputs["factor_steps"]]
-    except NotImplementedError:  # an unsolved stub is not an answer
-        raise
-    except Exception as err:  # the judge decides whether this error was the expected one
-        return {"factors": None, "error": _error(err)}
-    return {"factors": factors, "error": None}
+def decode_lookup(obj: Any, inputs: dict) -> dict:
+    """Build a :class:`~autograder.checks.lookup.LookupModel` from ``inputs["model"]`` (in train mode when
+    ``inputs["train"]``) and call ``obj(model, *args, **kwargs)``; returns the output, the model's mode
+    afterwards, how often it encoded and how many tokens each decode call fed."""
+    model = LookupModel(**inputs["model"]).train(inputs.get("train", False))
+    out = obj(model, *inputs.get("args", ()), **inputs.get("kwargs", {}))
+    return {"out": out, "training_after": model.training, "encode_calls": model.encode_calls, "fed": model.fed}
 
 
-def search_lookup(obj: Any, inputs: dict) -> dict:
-    """Build a :class:`~autograder.checks.lookup.LookupDecoder` from ``inputs["decoder"]`` and call
-    ``obj(decoder, *args, **kwargs)``; returns the output and what the decoder was asked: the rows of every
-    ``log_probs`` call, the calls whose prefixes disagreed with its rows' history and the ``reorder`` calls."""
-    decoder = LookupDecoder(**inputs["decoder"])
-    out = obj(decoder, *inputs.get("args", ()), **inputs.get("kwargs", {}))
-    return {"out": out, "calls": decoder.calls, "mismatches": decoder.mismatches, "reorders": decoder.reorders}
+class _StepCache:
+    """The protocol of the decoder cache a chapter-4 attention module uses (``write``, ``cross_keys_values``),
+    for one layer, written out here; it records which layer indices it was handed."""
+
+    def __init__(self, cross: tuple, layer: int) -> None:
+        self.cross, self.layer, self.k, self.v, self.length = cross, layer, None, None, 0
+        self.layers_seen: list[int] = []
+
+    def __len__(self) -> int:
+        return self.length
+
+    def cross_keys_values(self, layer: int) -> tuple:
+        self.layers_seen.append(layer)
+        return self.cross
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        self.layers_seen.append(layer)
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
+        return self.k, self.v
+
+    def advance(self, n_tokens: int) -> None:
+        self.length += n_tokens
 
 
-class _FixedDropout(torch.nn.Module):
-    """A dropout module with a given mask (training mode only), so that a layer's training-mode output can be
-    compared exactly; it counts its calls and refuses a tensor of another shape than its mask's."""
-
-    def __init__(self, name: str, mask: torch.Tensor) -> None:
-        super().__init__()
-        self.name, self.mask, self.calls = name, mask, 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        if not self.training or self.mask is None:  # no mask: this dropout is switched off
-            return x
-        if tuple(x.shape) != tuple(self.mask.shape):
-            raise ValueError(f"self.{self.name} was applied to a tensor of shape {tuple(x.shape)}; the sub-layer "
-                             f"outputs it drops from are {tuple(self.mask.shape)}")
-        return x * self.mask
-
-
-def module_forward_fixed_dropout(obj: Any, inputs: dict) -> dict:
-    """Build and load ``obj`` like :func:`module_forward`; replace its dropout modules named in ``inputs["masks"]``
-    (``"dropout1"``, ``"feed_forward.dropout"``...) by ones with those fixed masks (None: no dropout), switch off the
-    attention weights' own dropout (a float ``dropout`` attribute of a submodule), and run ``forward(*args)`` in
-    training mode. Returns the output (or the error) and how often each replaced module was called."""
+def decoder_layer_steps(obj: Any, inputs: dict) -> dict:
+    """Build and load ``obj`` (a decoder layer) like :func:`module_forward`; ``forward(x, memory, mask)`` on the
+    whole target, then one target position at a time with a cache (``cache=…, layer=inputs["layer"]``; the
+    cross-attention keys/values from ``module.cross_attn.keys_values(memory)``). Returns both, and the layer
+    indices the cache was handed."""
     module = obj(*inputs.get("init_args", ()), **inputs.get("init_kwargs", {}))
     module.load_state_dict(inputs["state"], strict=True)
-    fixed = {}
-    for name, mask in inputs["masks"].items():
-        parent, _, attribute = name.rpartition(".")
-        fixed[name] = _FixedDropout(name, mask)
-        setattr(module.get_submodule(parent) if parent else module, attribute, fixed[name])
-    for sub in module.modules():
-        if isinstance(getattr(sub, "dropout", None), float):
-            sub.dropout = 0.0
-    module.train()
-    try:
-        with torch.no_grad():
-            out = module(*inputs.get("args", ()), **inputs.get("kwargs", {}))
-    except NotImplementedError:  # an unsolved stub is not an answer
-        raise
-    except Exception as err:  # the judge decides whether this error was the expected one
-        return {"out": None, "error": _error(err), "calls": {name: m.calls for name, m in fixed.items()}}
-    return {"out": out, "error": None, "calls": {name: m.calls for name, m in fixed.items()}}
+    module.eval()
+    x, memory, mask = inputs["args"]
+    with torch.no_grad():
+        full = module(x, memory, mask)
+        cache = _StepCache(module.cross_attn.keys_values(memory), inputs["layer"])
+        steps = []
+        for t in range(x.shape[1]):
+            steps.append(module(x[:, t : t + 1], memory, mask, cache=cache, layer=inputs["layer"]))
+            cache.advance(1)
+    return {"full": full, "steps": steps, "layers_seen": cache.layers_seen}
 
 
 # --- chapter 5 ---
@@ -345,9 +326,11 @@ def linear_from_conv(obj: Any, inputs: dict) -> dict:
 
 # --- chapter 6 ---
 
+from autograder.checks.toy_lm import ToyLM  # noqa: E402  (a plain-data model the generation probes build)
+
 
 def _snapshot(value: Any) -> Any:
-    """A copy of the tensors in ``value``: a view into a cache buffer would change when the cache does."""
+    """A copy of the tensors in ``value``: a view into a cache's buffer would change when the cache does."""
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, (list, tuple)):
@@ -366,228 +349,139 @@ def _raised(call) -> dict | None:
     return None
 
 
-def kv_cache_steps(obj: Any, inputs: dict) -> dict:
-    """Build the cache ``obj(*init_args)``; for each chunk of ``inputs["chunks"]`` (one ``(k, v)`` per layer) call
-    ``write(layer, k, v)`` for every layer, then ``advance(new tokens)``. Per chunk: what each ``write`` returned
-    and ``len(cache)`` right after it, then ``len(cache)`` and ``keys(layer)`` / ``values(layer)`` after
-    ``advance``. An exception stops the steps (``error``; the steps so far are kept). ``inputs["overflow"]``
-    (optional) is one more ``(k, v)`` written to layer 0 at the end: its error and the length afterwards."""
-    cache = obj(*inputs["init_args"])
-    steps = []
-
-    def drive() -> None:
-        for chunk in inputs["chunks"]:
-            step = {"returned": [], "length_after_write": []}
-            steps.append(step)
-            for layer, (k, v) in enumerate(chunk):
-                step["returned"].append(_snapshot(cache.write(layer, k, v)))
-                step["length_after_write"].append(len(cache))
-            cache.advance(int(chunk[0][0].shape[-2]))
-            step["length"] = len(cache)
-            step["keys"] = [_snapshot(cache.keys(layer)) for layer in range(len(chunk))]
-            step["values"] = [_snapshot(cache.values(layer)) for layer in range(len(chunk))]
-
-    error = _raised(drive)
-    overflow = None
-    if error is None and inputs.get("overflow") is not None:
-        k, v = inputs["overflow"]
-        overflow = {"error": _raised(lambda: cache.write(0, k, v)), "length": len(cache)}
-    return {"steps": steps, "error": error, "overflow": overflow}
+def calls_with_dtype(obj: Any, inputs: dict) -> dict:
+    """:func:`call_or_error` for each ``(args, kwargs)`` of ``inputs["calls"]``, with ``kwargs["dtype"]`` given by
+    name (``"float16"`` -> ``torch.float16``); ``{"results": [...]}``."""
+    results = []
+    for args, kwargs in inputs["calls"]:
+        kwargs = dict(kwargs)
+        if "dtype" in kwargs:
+            kwargs["dtype"] = getattr(torch, kwargs["dtype"])
+        results.append(call_or_error(obj, {"args": args, "kwargs": kwargs}))
+    return {"results": results}
 
 
-class _ReferenceCache:
-    """A KV cache that keeps the chapter 6 contract (``len``, ``batch``, ``write``, ``advance``): the learner's
-    attention layer and model are probed with a cache known to work, not with their own."""
-
-    def __init__(self, n_layers: int, batch: int, kv_heads: int, max_len: int, d_head: int) -> None:
-        shape = (batch, kv_heads, max_len, d_head)
-        self.k = [torch.zeros(shape) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape) for _ in range(n_layers)]
-        self.batch, self.max_len, self.length = batch, max_len, 0
-        self.writes: list[list[int]] = []  # [layer, length when written, new tokens] of every write
-
-    def __len__(self) -> int:
-        return self.length
-
-    def keys(self, layer: int) -> torch.Tensor:
-        return self.k[layer][:, :, : self.length]
-
-    def values(self, layer: int) -> torch.Tensor:
-        return self.v[layer][:, :, : self.length]
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.writes.append([int(layer), self.length, int(k.shape[-2])])
-        end = self.length + k.shape[-2]
-        if end > self.max_len:
-            raise ValueError(f"{self.length} held + {k.shape[-2]} new positions exceed max_len={self.max_len}")
-        self.k[layer][:, :, self.length : end] = k
-        self.v[layer][:, :, self.length : end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
-
-    def advance(self, n_tokens: int) -> None:
-        self.length += n_tokens
+def _paged_state(cache: Any, pools: list) -> dict:
+    """What a paged cache holds: its length, block tables and free blocks (plain lists), and whether each pool
+    tensor is still the one it was built with (same storage, same shape)."""
+    tables = getattr(cache, "block_tables", None)
+    free = getattr(cache, "free_blocks", None)
+    now = list(getattr(cache, "k_pool", [])) + list(getattr(cache, "v_pool", []))
+    in_place = len(now) == len(pools) and all(
+        isinstance(t, torch.Tensor) and t.data_ptr() == ptr and tuple(t.shape) == shape for t, (ptr, shape) in zip(now, pools))
+    return {"length": len(cache), "in_place": in_place,
+            "tables": [[int(b) for b in table] for table in tables] if isinstance(tables, (list, tuple)) else None,
+            "free": [int(b) for b in free] if isinstance(free, (list, tuple)) else None}
 
 
-def _build_with_config(obj: Any, inputs: dict) -> Any:
-    """``obj(GPTConfig(**inputs["config"]))`` with the ``GPTConfig`` that ``obj``'s own code sees (the notebook's
-    cell, or the module that defines ``obj``), ``inputs["state"]`` loaded, in eval mode."""
-    config_class = getattr(getattr(obj, "__init__", None), "__globals__", {}).get("GPTConfig")
-    if config_class is None:
-        raise NameError("GPTConfig is not defined: run the cell that defines it")
-    module = obj(config_class(**inputs["config"]))
-    module.load_state_dict(inputs["state"], strict=True)
-    return module.eval()
+def paged_cache_steps(obj: Any, inputs: dict) -> dict:
+    """Build the cache ``obj(*init_args, **init_kwargs)`` (a ``dtype`` given by name), hand out its blocks in the order ``inputs["free"]`` (its
+    ``free_blocks`` list), then run ``inputs["ops"]`` in order:
 
+    * ``{"chunk": [(k, v) per layer]}``: ``write(layer, k, v)`` for every layer, then ``advance(new tokens)``;
+    * ``{"truncate": length}``; ``{"retain": rows}``;
+    * ``{"overflow": (k, v)}``: one write to layer 0 that does not fit in the pool (its error is recorded).
 
-def attention_with_cache(obj: Any, inputs: dict) -> dict:
-    """Build the attention layer (:func:`_build_with_config`); its output on ``x`` without a cache (``full``), and
-    with ``x`` fed in ``chunks`` through one cache (``_ReferenceCache(*inputs["cache"])``, layer ``inputs["layer"]``,
-    advanced after each chunk): one output per chunk (``chunked``)."""
-    module = _build_with_config(obj, inputs)
-    x, layer = inputs["x"], inputs.get("layer", 0)
-    with torch.no_grad():
-        full = module(x)
-        cache = _ReferenceCache(*inputs["cache"])
-        chunked, start = [], 0
-        for size in inputs["chunks"]:
-            chunked.append(module(x[:, start : start + size], cache, layer))
-            cache.advance(size)
-            start += size
-    return {"full": full, "chunked": chunked}
-
-
-def gpt_chunks(obj: Any, inputs: dict) -> dict:
-    """Build the model (:func:`_build_with_config`); its logits for ``idx`` in one pass (``full``) and fed in
-    ``chunks`` through one cache (``_ReferenceCache(*inputs["cache"])``): the logits of each chunk (``chunked``) and
-    ``len(cache)`` after each (``lengths``), and the cache's log of writes per chunk (``writes``); an exception
-    stops the chunks (``error``). Then ``inputs["past"]``
-    (optional), tokens that do not fit in the context, is fed to the same cache: its error and the length
-    afterwards (``past``); and ``inputs["other_batch"]`` (optional), one sequence more than the cache was made
-    for, to a fresh cache (``other_batch``)."""
-    model = _build_with_config(obj, inputs)
-    idx = inputs["idx"]
-    chunked, lengths, writes, past = [], [], [], None
-    cache = _ReferenceCache(*inputs["cache"])
-
-    def feed() -> None:
-        start = 0
-        for size in inputs["chunks"]:
-            cache.writes = []
-            writes.append(cache.writes)
-            chunked.append(model(idx[:, start : start + size], cache=cache))
-            lengths.append(len(cache))
-            start += size
-
-    with torch.no_grad():
-        full = model(idx)
-        error = _raised(feed)
-        if error is None and inputs.get("past") is not None:
-            past = {"error": _raised(lambda: model(inputs["past"], cache=cache)), "length": len(cache)}
-        other = None
-        if inputs.get("other_batch") is not None:  # a fresh cache for the case's batch, fed one sequence more
-            fresh = _ReferenceCache(*inputs["cache"])
-            other = {"error": _raised(lambda: model(inputs["other_batch"], cache=fresh)), "length": len(fresh)}
-    return {"full": full, "chunked": chunked, "lengths": lengths, "writes": writes, "error": error, "past": past,
-            "other_batch": other}
-
-
-def sample_twice(obj: Any, inputs: dict) -> dict:
-    """``obj(*args, generator=torch.Generator().manual_seed(inputs["seed"]), **kwargs)`` twice, with torch's global
-    generator seeded differently before each call (and restored afterwards): ``first`` and ``second``. An exception
-    is returned as ``error`` (type and message), so that the judge can say what it means for the case."""
-    state = torch.get_rng_state()
-    outputs = []
-    try:
-        for global_seed in (1, 2):
-            torch.manual_seed(global_seed)
-            generator = torch.Generator().manual_seed(inputs["seed"])
-            outputs.append(obj(*inputs.get("args", ()), generator=generator, **inputs.get("kwargs", {})))
-    except NotImplementedError:  # an unsolved stub is not an answer
-        raise
-    except Exception as err:  # the judge decides what the error means for this case
-        return {"first": None, "second": None, "error": _error(err)}
-    finally:
-        torch.set_rng_state(state)
-    return {"first": outputs[0], "second": outputs[1], "error": None}
-
-
-def call_with_dtype_or_error(obj: Any, inputs: dict) -> dict:
-    """Like :func:`call_or_error`, with ``kwargs["dtype"]`` given by name (``"float16"`` -> ``torch.float16``)."""
-    kwargs = dict(inputs.get("kwargs", {}))
+    Per op: what each ``write`` returned (``returned``), ``len(cache)`` and the number of blocks in the tables right
+    after each write, and the cache's state afterwards (:func:`_paged_state`). An exception stops the ops (``error``)."""
+    kwargs = dict(inputs.get("init_kwargs", {}))
     if "dtype" in kwargs:
         kwargs["dtype"] = getattr(torch, kwargs["dtype"])
-    return call_or_error(obj, {"args": inputs.get("args", ()), "kwargs": kwargs})
+    cache = obj(*inputs["init_args"], **kwargs)
+    if inputs.get("free") is not None:
+        cache.free_blocks = list(inputs["free"])
+    pools = [(t.data_ptr(), tuple(t.shape)) for t in list(cache.k_pool) + list(cache.v_pool)]
+    steps: list[dict] = []
+
+    def drive() -> None:
+        for op in inputs["ops"]:
+            step: dict = {"returned": [], "length_after_write": [], "error": None}
+            steps.append(step)
+            if "chunk" in op:
+                step["blocks_after_write"] = []
+                for layer, (k, v) in enumerate(op["chunk"]):
+                    step["returned"].append(_snapshot(cache.write(layer, k, v)))
+                    step["length_after_write"].append(len(cache))
+                    step["blocks_after_write"].append(sum(len(t) for t in getattr(cache, "block_tables", [])))
+                cache.advance(int(op["chunk"][0][0].shape[-2]))
+            elif "truncate" in op:
+                cache.truncate(op["truncate"])
+            elif "retain" in op:
+                cache.retain(list(op["retain"]))
+            else:
+                k, v = op["overflow"]
+                step["error"] = _raised(lambda: cache.write(0, k, v))
+            step.update(_paged_state(cache, pools))
+
+    return {"steps": steps, "error": _raised(drive)}
 
 
-class _ToyConfig:
-    def __init__(self, vocab: int, max_len: int) -> None:
-        self.vocab, self.max_len = vocab, max_len
+def _toy(spec: dict) -> ToyLM:
+    return ToyLM(spec["tokens"], spec["positions"], spec["out"], spec.get("fail_at", 0))
 
 
-class _ToyCache:
-    """The toy model's cache: the running sum of its inputs, and how many tokens it holds."""
-
-    def __init__(self, batch: int) -> None:
-        self.batch, self.length, self.total = batch, 0, None
-
-    def __len__(self) -> int:
-        return self.length
-
-
-class _ToyLM(torch.nn.Module):
-    """A tiny causal language model with the chapter 6 interface (``config.vocab``, ``config.max_len``,
-    ``new_cache(batch)``, ``forward(idx, cache=None)``): the logits at position p depend on token p, on p itself
-    and on the mean of every input up to p. It logs each call as [first position, tokens fed, autograd on,
-    training mode], and refuses positions past ``max_len`` with a ValueError."""
-
-    def __init__(self, tokens: torch.Tensor, positions: torch.Tensor, out: torch.Tensor) -> None:
-        super().__init__()
-        self.tokens = torch.nn.Parameter(tokens.double())  # (vocab, d)
-        self.positions = torch.nn.Parameter(positions.double())  # (max_len, d)
-        self.out = torch.nn.Parameter(out.double())  # (d, vocab)
-        self.config = _ToyConfig(int(tokens.shape[0]), int(positions.shape[0]))
-        self.calls: list[list] = []
-
-    def new_cache(self, batch: int = 1) -> _ToyCache:
-        return _ToyCache(batch)
-
-    def forward(self, idx: torch.Tensor, cache: _ToyCache | None = None) -> torch.Tensor:
-        start, seq = (0 if cache is None else len(cache)), int(idx.shape[1])
-        self.calls.append([start, seq, torch.is_grad_enabled(), self.training])
-        if start + seq > self.config.max_len:
-            raise ValueError(f"positions {start}..{start + seq - 1} go past the context limit "
-                             f"max_len={self.config.max_len}")
-        if cache is not None and cache.batch != idx.shape[0]:
-            raise ValueError(f"the cache was made for batch={cache.batch}, idx has batch {idx.shape[0]}")
-        x = self.tokens[idx] + self.positions[start : start + seq]
-        running = x.cumsum(dim=1)
-        if cache is not None and cache.total is not None:
-            running = running + cache.total[:, None]
-        count = torch.arange(start + 1, start + seq + 1, dtype=x.dtype)[:, None]
-        logits = torch.tanh(x + running / count) @ self.out
-        if cache is not None:
-            cache.total, cache.length = running[:, -1].detach(), start + seq
-        return logits
-
-
-def generate_runs(obj: Any, inputs: dict) -> dict:
-    """Build the toy model ``_ToyLM(*inputs["model"])`` in mode ``inputs["training"]``, then, one after the other on
-    the same model, call ``obj(model, idx, max_new_tokens, **kwargs)`` for each of ``inputs["runs"]`` (with
-    ``generator=torch.Generator().manual_seed(seed)`` when the run has a seed). Per run: the output or the error,
-    the model's call log and whether it is in training mode afterwards."""
-    model = _ToyLM(*inputs["model"])
-    model.train(bool(inputs.get("training", False)))
-    runs = []
-    for run in inputs["runs"]:
-        model.calls = []
+def generate_batch_runs(obj: Any, inputs: dict) -> dict:
+    """For each of ``inputs["runs"]``: build the toy model ``_toy(run["model"])`` in mode ``run["training"]`` and call
+    ``obj(model, prompts, max_new_tokens, **kwargs)`` (with ``generator=torch.Generator().manual_seed(seed)`` when
+    the run has a seed); torch's global generator is seeded differently before each run and restored afterwards. Per
+    run: the output or the error, the model's calls and its mode afterwards."""
+    runs, state = [], torch.get_rng_state()
+    for index, run in enumerate(inputs["runs"]):
+        torch.manual_seed(1000 + index)  # code drawing from the global generator gives other tokens for the same seed
+        model = _toy(run["model"]).train(bool(run.get("training", False)))
         kwargs = dict(run.get("kwargs", {}))
         if run.get("seed") is not None:
             kwargs["generator"] = torch.Generator().manual_seed(run["seed"])
-        result = {}
-        result["error"] = _raised(lambda: result.update(out=obj(model, run["idx"], run["max_new_tokens"], **kwargs)))
-        runs.append({"out": result.get("out"), "error": result["error"], "calls": model.calls,
-                     "training": model.training})
+        result: dict = {}
+        result["error"] = _raised(lambda: result.update(
+            out=obj(model, list(run["prompts"]), run["max_new_tokens"], **kwargs)))
+        out = result.get("out")
+        runs.append({"out": list(out) if isinstance(out, (list, tuple)) else out, "error": result["error"],
+                     "calls": model.calls, "training": model.training})
+    torch.set_rng_state(state)
     return {"runs": runs}
+
+
+def speculative_runs(obj: Any, inputs: dict) -> dict:
+    """For each of ``inputs["runs"]``: build the toy target and draft (``_toy``), each in mode ``run["training"]``,
+    and call ``obj(target, draft, idx, max_new_tokens, **kwargs)`` ``run.get("repeat", 1)`` times, the i-th with
+    ``generator=torch.Generator().manual_seed(seed + i)`` when the run has a seed (the models are rebuilt each
+    time). Torch's global generator is seeded differently before each run (and restored afterwards), so that code
+    which draws from it instead of the generator gives other tokens for the same seed. Per run: every output; of the
+    first call: its tokens and stats or its error, both models' calls in one log in the order they came (each names
+    its ``model``, "target" or "draft"), and their modes afterwards."""
+    state = torch.get_rng_state()
+    try:
+        return {"runs": [_speculative_run(obj, run, 1000 + index) for index, run in enumerate(inputs["runs"])]}
+    finally:
+        torch.set_rng_state(state)
+
+
+def _speculative_run(obj: Any, run: dict, global_seed: int) -> dict:
+    torch.manual_seed(global_seed)
+    outs, first = [], {}
+    for i in range(int(run.get("repeat", 1))):
+        target = _toy(run["target"]).train(bool(run.get("training", False)))
+        draft = _toy(run["draft"]).train(bool(run.get("training", False)))
+        target.name, draft.name, draft.calls = "target", "draft", target.calls  # one log, in call order
+        kwargs = dict(run.get("kwargs", {}))
+        if run.get("seed") is not None:
+            kwargs["generator"] = torch.Generator().manual_seed(run["seed"] + i)
+        result: dict = {}
+        result["error"] = _raised(lambda: result.update(
+            answer=obj(target, draft, run["idx"], run["max_new_tokens"], **kwargs)))
+        if i == 0:
+            first = {"error": result["error"], "answer": result.get("answer"), "calls": target.calls,
+                     "training": [target.training, draft.training]}
+        if result["error"] is not None:
+            break
+        answer = result["answer"]
+        outs.append(answer[0] if isinstance(answer, (list, tuple)) and answer else answer)
+    answer = first.get("answer")
+    first["tokens"] = answer[0] if isinstance(answer, (list, tuple)) and len(answer) == 2 else answer
+    first["stats"] = answer[1] if isinstance(answer, (list, tuple)) and len(answer) == 2 else None
+    first.pop("answer", None)
+    return {**first, "outs": outs}
 
 
 _PROBES = types.MappingProxyType({name: value for name, value in dict(globals()).items()

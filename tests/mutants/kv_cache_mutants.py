@@ -1,4 +1,4 @@
-"""Planted bugs for chapter 6 (KV-cache inference): each must FAIL the hidden checks of its exercise.
+"""Planted bugs for chapter 6 (inference as a system): each must FAIL the hidden checks of its exercise.
 
 Each mutant is the source of ``solutions/gpt.py`` with one realistic change (the ``old -> new``
 replacements below, each of which must occur exactly once), compiled as a module of its own: none
@@ -37,218 +37,6 @@ def _mutant(name: str, exercise: str, description: str, *replacements: tuple[str
 
 
 MUTANTS: list[Mutant] = [
-    # --- KVCache ---
-    _mutant(
-        "cache_overwritten_at_start", "KVCache",
-        "Cache not appended: the new keys/values are written at position 0 instead of after the held ones, so "
-        "every step overwrites the first token. Greedy generation then repeats one token (bug hunt 1).",
-        ("self.k[layer][:, :, self.length : end] = k", "self.k[layer][:, :, : k.shape[-2]] = k"),
-        ("self.v[layer][:, :, self.length : end] = v", "self.v[layer][:, :, : v.shape[-2]] = v"),
-    ),
-    _mutant(
-        "cache_attended_unsliced", "KVCache",
-        "A preallocated cache attended unsliced: write returns the whole max_len buffer, so attention also "
-        "looks at the empty (zero) rows, and the new queries are end-aligned to position max_len.",
-        ("return self.k[layer][:, :, :end], self.v[layer][:, :, :end]", "return self.k[layer], self.v[layer]"),
-    ),
-    _mutant(
-        "cache_returns_new_only", "KVCache",
-        "write stores the new keys/values but returns only them: the new token attends to itself, never to "
-        "the prefix (every step is a bigram model).",
-        ("return self.k[layer][:, :, :end], self.v[layer][:, :, :end]", "return k, v"),
-    ),
-    _mutant(
-        "cache_advances_in_write", "KVCache",
-        "The length advances inside write, once per layer: the second layer writes after the first layer's "
-        "tokens and the cache runs out n_layers times too fast (correct with one layer only).",
-        ("        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]",
-         "        self.length = end\n        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]"),
-        ("        self.length += n_tokens", "        pass"),
-    ),
-    _mutant(
-        "cache_advances_by_one", "KVCache",
-        "advance adds 1 whatever the number of tokens: right when every step feeds one token, wrong as soon "
-        "as a prompt is fed (the next token is written over the prompt).",
-        ("self.length += n_tokens", "self.length += 1"),
-    ),
-    _mutant(
-        "cache_no_overflow_check", "KVCache",
-        "No max_len check in write: a write past the end fails deep inside the slice assignment with a shape "
-        "error (or, with a buffer view, silently keeps fewer tokens) instead of a ValueError naming max_len.",
-        ("        if end > self.max_len:  # a slice past the buffer would silently come back shorter\n"
-         "            raise ValueError(\n"
-         "                f\"{self.length} held + {k.shape[-2]} new positions exceed the cache's max_len={self.max_len}\"\n"
-         "            )\n", ""),
-    ),
-    # --- CausalSelfAttention ---
-    _mutant(
-        "mask_not_offset_for_prefix", "CausalSelfAttention",
-        "Causal mask not offset for the cached prefix: causal only when several queries come at once, with "
-        "PyTorch's top-left alignment (F.scaled_dot_product_attention(is_causal=True) when seq_q < seq_k: "
-        "pytorch/pytorch#103082, #108108, #144858), no mask for one query. Invisible with one-token steps; a "
-        "prompt fed in chunks is wrong.",
-        ("out = attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)",
-         "top_left = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()\n"
-         "        out = attention(q, k, v, top_left if q.shape[-2] > 1 else None,"
-         " dropout_p=self.dropout if self.training else 0.0)"),
-    ),
-    _mutant(
-        "no_causal_mask", "CausalSelfAttention",
-        "No causal mask: right for one-token steps (the only new token may see every key), but the prompt's "
-        "tokens see the future.",
-        ("is_causal=True, dropout_p=self.dropout", "is_causal=False, dropout_p=self.dropout"),
-    ),
-    _mutant(
-        "gqa_tiled_not_grouped", "CausalSelfAttention",
-        "GQA expanded with repeat instead of grouping: query head h uses K/V head h % kv_heads, not "
-        "h // (n_heads / kv_heads) as GQA checkpoints (LLaMA's repeat_kv) do. Same as MHA when kv_heads = "
-        "n_heads or 1.",
-        ("            k, v = cache.write(layer, k, v)\n",
-         "            k, v = cache.write(layer, k, v)\n"
-         "        k = k.repeat(1, self.n_heads // self.kv_heads, 1, 1)\n"
-         "        v = v.repeat(1, self.n_heads // self.kv_heads, 1, 1)\n"),
-    ),
-    _mutant(
-        "cache_written_not_read", "CausalSelfAttention",
-        "The new keys/values are written to the cache, but attention uses only the new ones: the new tokens "
-        "never see the prefix.",
-        ("            k, v = cache.write(layer, k, v)", "            cache.write(layer, k, v)"),
-    ),
-    # --- GPT ---
-    _mutant(
-        "positions_not_advanced", "GPT",
-        "Positions not advanced: every forward pass places its tokens at positions 0, 1, ... even with a "
-        "cache. The first new token is right (the prompt is fed from 0), then generation diverges from the "
-        "second step on (bug hunt 2).",
-        ("self.position(self.token_embedding(idx), start_pos=start)",
-         "self.position(self.token_embedding(idx), start_pos=0)"),
-    ),
-    _mutant(
-        "cache_advanced_per_layer", "GPT",
-        "The cache is advanced inside the loop over the blocks: layer 2 writes after layer 1's new tokens and "
-        "the length grows n_layers times too fast (correct with one layer only).",
-        ("            x = block(x, cache, layer)\n        if cache is not None:\n"
-         "            cache.advance(idx.shape[1])\n",
-         "            x = block(x, cache, layer)\n            if cache is not None:\n"
-         "                cache.advance(idx.shape[1])\n"),
-    ),
-    _mutant(
-        "cache_advanced_before_blocks", "GPT",
-        "The cache is advanced before the blocks run: the new keys are written one chunk too far and the "
-        "queries attend to empty rows.",
-        ("        x = self.dropout(self.position(self.token_embedding(idx), start_pos=start))\n",
-         "        x = self.dropout(self.position(self.token_embedding(idx), start_pos=start))\n"
-         "        if cache is not None:\n            cache.advance(idx.shape[1])\n"),
-        ("        if cache is not None:\n            cache.advance(idx.shape[1])\n        return",
-         "        return"),
-    ),
-    _mutant(
-        "gpt_no_batch_check", "GPT",
-        "No check that the cache was made for this batch: a cache for one prompt fed two (or the reverse) fails "
-        "deep inside the cache's slice assignment with a shape error instead of a ValueError naming batch.",
-        ("        if cache is not None and cache.batch != idx.shape[0]:\n"
-         "            raise ValueError(f\"the cache was made for batch={cache.batch} but idx has batch {idx.shape[0]}; \"\n"
-         "                             f\"use model.new_cache(batch={idx.shape[0]})\")\n", ""),
-    ),
-    # --- sample_next_token ---
-    _mutant(
-        "temperature_after_softmax", "sample_next_token",
-        "Temperature applied after the softmax: the probabilities divided by T are renormalised by the "
-        "sampler, so T has no effect at all.",
-        ("logits = logits.float() / temperature", "logits = logits.float()"),
-        ("return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)",
-         "return torch.multinomial(torch.softmax(logits, dim=-1) / temperature, 1, generator=generator)"),
-    ),
-    _mutant(
-        "temperature_zero_divides", "sample_next_token",
-        "T = 0 not special-cased: logits / 0 are infinite, the softmax is NaN and sampling fails instead of "
-        "being greedy.",
-        ("    if temperature == 0:\n        return logits.argmax(dim=-1, keepdim=True)\n    logits = logits.float()",
-         "    logits = logits.float()"),
-    ),
-    _mutant(
-        "top_k_drops_kth", "sample_next_token",
-        "top-k mask with <= instead of <: the k-th most likely token is dropped too, k - 1 tokens remain.",
-        ("logits.masked_fill(logits < kth,", "logits.masked_fill(logits <= kth,"),
-    ),
-    _mutant(
-        "top_k_breaks_ties_by_index", "sample_next_token",
-        "top-k keeps exactly k indices from torch.topk: of two tokens tied at the k-th logit one is dropped, "
-        "chosen by position in the vocabulary, not by probability (the contract keeps ties, as nanoGPT and "
-        "Hugging Face's TopKLogitsWarper do).",
-        ("        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]\n"
-         "        logits = logits.masked_fill(logits < kth, float(\"-inf\"))\n",
-         "        top = torch.topk(logits, top_k).indices\n"
-         "        keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, top, True)\n"
-         "        logits = logits.masked_fill(~keep, float(\"-inf\"))\n"),
-    ),
-    _mutant(
-        "top_p_drops_crossing_token", "sample_next_token",
-        "top-p keeps the tokens whose cumulative probability (including their own) is below p: the token that "
-        "crosses p is dropped, so the kept set sums to less than p.",
-        ("before = sorted_probs.cumsum(dim=-1) - sorted_probs", "before = sorted_probs.cumsum(dim=-1)"),
-    ),
-    _mutant(
-        "top_p_before_temperature", "sample_next_token",
-        "top-p computed on the distribution before temperature (and top-k): the nucleus is the wrong size for "
-        "T != 1.",
-        ("sorted_probs, order = torch.softmax(logits, dim=-1).sort(",
-         "sorted_probs, order = torch.softmax(logits * temperature, dim=-1).sort("),
-    ),
-    _mutant(
-        "global_random_state", "sample_next_token",
-        "The generator argument is ignored: sampling uses torch's global random state, so a seeded generator "
-        "does not make generation reproducible.",
-        ("return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)",
-         "return torch.multinomial(torch.softmax(logits, dim=-1), 1)"),
-    ),
-    # --- generate ---
-    _mutant(
-        "cache_not_reset_between_prompts", "generate",
-        "Cache not reset between prompts: one cache is kept on the model and reused, so the second prompt is "
-        "appended after the first one's tokens (wrong positions, then the context limit).",
-        ("cache = model.new_cache(idx.shape[0]) if use_cache else None",
-         "if use_cache and getattr(model, \"_kept_cache\", None) is None:\n"
-         "                model._kept_cache = model.new_cache(idx.shape[0])\n"
-         "            cache = model._kept_cache if use_cache else None"),
-    ),
-    _mutant(
-        "whole_sequence_into_cache", "generate",
-        "With the cache, the whole sequence is fed again at every step: the cache receives duplicates at "
-        "wrong positions and the context limit is hit after a few tokens.",
-        ("logits = model(token, cache)[:, -1] if use_cache", "logits = model(out, cache)[:, -1] if use_cache"),
-    ),
-    _mutant(
-        "no_inference_mode", "generate",
-        "Generating without no_grad/inference_mode: every step builds an autograd graph that keeps the "
-        "activations alive, so memory grows with every token.",
-        ("with torch.inference_mode():  # no autograd graph", "with torch.enable_grad():  # no autograd graph"),
-    ),
-    _mutant(
-        "context_limit_off_by_one", "generate",
-        "The context check uses >= instead of >: a prompt plus new tokens that fill the context exactly is "
-        "refused.",
-        ("if idx.shape[1] + max_new_tokens > max_len:", "if idx.shape[1] + max_new_tokens >= max_len:"),
-    ),
-    _mutant(
-        "no_context_check", "generate",
-        "No context check: generation runs until the model itself fails past max_len (after the prompt and "
-        "several steps of work) instead of refusing up front.",
-        ("if idx.shape[1] + max_new_tokens > max_len:", "if False:"),
-    ),
-    _mutant(
-        "forward_after_last_token", "generate",
-        "The model is run once more after the last new token, for logits nobody uses: wasted work (without the "
-        "cache, the most expensive pass of all).",
-        ("                if step + 1 == max_new_tokens:  # the last new token needs no forward pass\n"
-         "                    break\n", ""),
-    ),
-    _mutant(
-        "training_mode_not_restored", "generate",
-        "The model is left in eval mode after generating: a training loop that samples text now and then "
-        "silently trains without dropout.",
-        ("        model.train(was_training)", "        model.eval()"),
-    ),
     # --- kv_cache_bytes ---
     _mutant(
         "bytes_without_factor_two", "kv_cache_bytes",
@@ -290,5 +78,249 @@ MUTANTS: list[Mutant] = [
          '            raise ValueError(f"{name} must be a positive int; got {value!r}")\n'
          '    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 0:\n'
          '        raise ValueError(f"seq_len must be a non-negative int; got {seq_len!r}")\n', ""),
+    ),
+    # --- decode_tokens_per_second ---
+    _mutant(
+        "roofline_weights_per_sequence", "decode_tokens_per_second",
+        "The weights counted once per sequence: the batch shares them (one read per step), which is the whole "
+        "point of batching decode; this predicts no gain from batching at all.",
+        ("weight_bytes = n_params * dtype.itemsize", "weight_bytes = n_params * dtype.itemsize * batch"),
+    ),
+    _mutant(
+        "roofline_without_cache", "decode_tokens_per_second",
+        "The cache is left out of the bytes moved: right for a short context, far too optimistic for a long one "
+        "(LLaMA-2-7B reads 512 KiB of cache per token of context per sequence).",
+        ("step = max((weight_bytes + cache_bytes) / bandwidth", "step = max(weight_bytes / bandwidth"),
+    ),
+    _mutant(
+        "roofline_cache_of_one_sequence", "decode_tokens_per_second",
+        "One sequence's cache for the whole batch: every sequence reads its own cache.",
+        ("kv_cache_bytes(n_layers, n_kv_heads, d_head, context, batch, dtype)",
+         "kv_cache_bytes(n_layers, n_kv_heads, d_head, context, 1, dtype)"),
+    ),
+    _mutant(
+        "roofline_sum_not_max", "decode_tokens_per_second",
+        "Memory time and compute time added: on a GPU they overlap, and the roofline takes the slower one.",
+        ("step = max((weight_bytes + cache_bytes) / bandwidth, 2 * n_params * batch / peak_flops)",
+         "step = (weight_bytes + cache_bytes) / bandwidth + 2 * n_params * batch / peak_flops"),
+    ),
+    _mutant(
+        "roofline_flops_of_one_sequence", "decode_tokens_per_second",
+        "The FLOPs of one sequence for the whole batch: decode never turns compute-bound.",
+        ("2 * n_params * batch / peak_flops", "2 * n_params / peak_flops"),
+    ),
+    _mutant(
+        "roofline_one_flop_per_parameter", "decode_tokens_per_second",
+        "One FLOP per parameter: a multiply-add is two.",
+        ("2 * n_params * batch / peak_flops", "n_params * batch / peak_flops"),
+    ),
+    _mutant(
+        "roofline_weights_in_float32", "decode_tokens_per_second",
+        "The weights counted at 4 bytes whatever the dtype: an fp16 model reads half of that.",
+        ("weight_bytes = n_params * dtype.itemsize", "weight_bytes = n_params * 4"),
+    ),
+    _mutant(
+        "roofline_returns_seconds", "decode_tokens_per_second",
+        "The duration of a step returned instead of tokens per second.",
+        ("    return batch / step\n", "    return step\n"),
+    ),
+    _mutant(
+        "roofline_per_sequence", "decode_tokens_per_second",
+        "Tokens per second of one sequence: a step gives a token to every sequence of the batch.",
+        ("    return batch / step\n", "    return 1 / step\n"),
+    ),
+    # --- PagedKVCache ---
+    _mutant(
+        "paged_logical_block_as_physical", "PagedKVCache",
+        "A logical block mapped to the wrong physical block: the write uses the logical block index "
+        "(position // block_size) as the pool's block id instead of looking it up in the row's block table, "
+        "so every row writes into blocks 0, 1, … (right only for one sequence in a fresh pool).",
+        ("blocks, offsets = tables[:, positions // self.block_size], positions % self.block_size",
+         "blocks, offsets = (positions // self.block_size).expand(self.batch, -1), positions % self.block_size"),
+    ),
+    _mutant(
+        "paged_blocks_gathered_in_id_order", "PagedKVCache",
+        "The blocks are read in the order of their ids (sorted), not in the table's order: right while the pool "
+        "hands out blocks in increasing order, scrambled once freed blocks come back in another order.",
+        ("rearrange(pool[tables],", "rearrange(pool[tables.sort(dim=-1).values],"),
+    ),
+    _mutant(
+        "paged_truncate_frees_partial_block", "PagedKVCache",
+        "truncate frees the last, partly used block too (floor instead of ceil): the block is still in use, "
+        "another row takes it and overwrites the kept tokens.",
+        ("keep = -(-length // self.block_size)  # a block that still holds a token stays",
+         "keep = length // self.block_size"),
+    ),
+    _mutant(
+        "paged_retain_frees_kept_rows", "PagedKVCache",
+        "retain gives back the blocks of the rows it keeps instead of the others': blocks still in use go to "
+        "the pool, while the dropped rows' blocks are lost.",
+        ("            if row not in rows:\n                self.free_blocks.extend(table)",
+         "            if row in rows:\n                self.free_blocks.extend(table)"),
+    ),
+    _mutant(
+        "paged_retain_never_frees", "PagedKVCache",
+        "retain drops rows without giving their blocks back: the pool leaks a sequence's blocks each time one "
+        "ends, which is the memory a paged cache exists to reuse.",
+        ("            if row not in rows:\n                self.free_blocks.extend(table)\n",
+         "            pass\n"),
+    ),
+    _mutant(
+        "paged_truncate_keeps_blocks", "PagedKVCache",
+        "truncate only moves the length: the blocks past it stay taken.",
+        ("        for table in self.block_tables:\n            self.free_blocks.extend(table[keep:])\n"
+         "            del table[keep:]\n", ""),
+    ),
+    _mutant(
+        "paged_blocks_taken_per_layer", "PagedKVCache",
+        "Blocks taken at every layer's write: each layer grabs its own blocks for the same positions although "
+        "all layers share one block table, so the pool runs out n_layers times too fast.",
+        ("needed = -(-end // self.block_size) - len(self.block_tables[0])",
+         "needed = -(-end // self.block_size) - len(self.block_tables[0]) // len(self.k_pool)"),
+    ),
+    _mutant(
+        "paged_returns_whole_blocks", "PagedKVCache",
+        "The gathered blocks returned unsliced: the rest of the last block (zeros, or a freed sequence's old keys) "
+        "is attended too.",
+        ("        return keys[:, :, :end], values[:, :, :end]\n\n    def truncate",
+         "        return keys, values\n\n    def truncate"),
+    ),
+    _mutant(
+        "paged_pool_copied", "PagedKVCache",
+        "An out-of-place update: each write copies the pool (clone, or index_put without the underscore) "
+        "instead of writing into it, which costs the whole pool per token and breaks anyone holding it.",
+        ("        self.k_pool[layer][blocks, :, offsets] = rearrange(",
+         "        self.k_pool[layer] = self.k_pool[layer].clone()\n        self.v_pool[layer] = self.v_pool[layer].clone()\n"
+         "        self.k_pool[layer][blocks, :, offsets] = rearrange("),
+    ),
+    _mutant(
+        "paged_no_pool_check", "PagedKVCache",
+        "No check that the pool has enough free blocks: popping from an empty list raises IndexError halfway, "
+        "after some rows took blocks, instead of a ValueError naming n_blocks before anything changes.",
+        ("            if needed * self.batch > len(self.free_blocks):\n                raise ValueError(\n"
+         "                    f\"the pool of n_blocks={self.n_blocks} has {len(self.free_blocks)} free blocks; \"\n"
+         "                    f\"{self.batch} sequences need {needed} more each: make the pool larger or end a sequence\"\n"
+         "                )\n", ""),
+    ),
+    # --- generate_batch ---
+    _mutant(
+        "batch_positions_from_padding", "generate_batch",
+        "Left padding with positions counted from the padding: every row's positions start at the first column, "
+        "so a short prompt's tokens sit at the positions of a long one's and its tokens change.",
+        ("positions = (padding.cumsum(dim=-1) - 1).clamp(min=0)",
+         "positions = torch.arange(width).expand(len(prompts), width)"),
+    ),
+    _mutant(
+        "batch_right_padding", "generate_batch",
+        "Right padding: a shorter row's last column is padding, so the next token is read from a pad's logits.",
+        ("        idx[row, width - len(prompt) :] = prompt\n        padding[row, width - len(prompt) :] = True\n",
+         "        idx[row, : len(prompt)] = prompt\n        padding[row, : len(prompt)] = True\n"),
+    ),
+    _mutant(
+        "batch_padding_not_masked", "generate_batch",
+        "No padding mask for the prompt: the real tokens attend to the pads, so a row's tokens depend on how "
+        "long the other prompts are.",
+        ("logits = model(idx, cache, positions=positions, padding=padding)[:, -1]",
+         "logits = model(idx, cache, positions=positions)[:, -1]"),
+    ),
+    _mutant(
+        "batch_stops_at_first_eos", "generate_batch",
+        "The whole batch stops when one row produces eos_id: the other rows are cut short.",
+        ("if not going or step + 1 == max_new_tokens:", "if len(going) < len(rows) or step + 1 == max_new_tokens:"),
+    ),
+    _mutant(
+        "batch_eos_ignored", "generate_batch",
+        "No per-row stop: rows go on past their eos_id.",
+        ("if t != eos_id]", "]"),
+    ),
+    _mutant(
+        "batch_positions_not_advanced", "generate_batch",
+        "Positions not advanced after the prompt: every new token gets the last prompt token's position.",
+        ("positions = positions[:, -1:] + 1", "positions = positions[:, -1:]"),
+    ),
+    _mutant(
+        "batch_rows_not_followed", "generate_batch",
+        "Finished rows leave the cache but the list of which prompt each row is stays: later tokens are "
+        "credited to the wrong prompts.",
+        ("rows, token = [rows[i] for i in going], token[going]", "token = token[going]"),
+    ),
+    _mutant(
+        "batch_mode_restored_only_on_success", "generate_batch",
+        "The model's mode is restored after the loop, not in a finally: block: when a step raises (out of "
+        "memory, a bad token), the model stays in eval mode and a training loop goes on without dropout.",
+        ("    finally:\n        model.train(was_training)\n    return [torch.cat((prompt,",
+         "    except BaseException:\n        raise\n    model.train(was_training)\n    return [torch.cat((prompt,"),
+    ),
+    _mutant(
+        "batch_with_autograd", "generate_batch",
+        "Generating with autograd on: every step keeps its graph and memory grows with every token.",
+        ("        with torch.inference_mode():\n            cache = model.new_cache(len(prompts))",
+         "        with torch.enable_grad():\n            cache = model.new_cache(len(prompts))"),
+    ),
+    _mutant(
+        "batch_no_context_check", "generate_batch",
+        "No context check: generation runs until the model fails past max_len, after the prompts' work.",
+        ("if width + max_new_tokens > model.config.max_len:", "if False:"),
+    ),
+    _mutant(
+        "batch_sampling_ignores_top_k", "generate_batch",
+        "top_k not passed on to the sampler: the batch samples from the whole vocabulary whatever top_k says.",
+        ("                token = sample_next_token(logits, temperature, top_k, top_p, generator)\n"
+         "                for row, t in zip(rows",
+         "                token = sample_next_token(logits, temperature, None, top_p, generator)\n"
+         "                for row, t in zip(rows"),
+    ),
+    # --- speculative_generate ---
+    _mutant(
+        "spec_ratio_inverted", "speculative_generate",
+        "Acceptance with p/q inverted: a drafted token is kept with probability min(1, q/p), so the tokens the "
+        "draft overrates are the ones kept.",
+        ("ps[n, x] / qs[n][0, x]", "qs[n][0, x] / ps[n, x]"),
+    ),
+    _mutant(
+        "spec_resample_from_target", "speculative_generate",
+        "No resampling from the residual: a rejected token is replaced by a draw from the target's p instead of "
+        "norm(max(0, p - q)), which counts the accepted share of p twice.",
+        ("residual = (ps[n] - qs[n][0]).clamp(min=0)", "residual = ps[n]"),
+    ),
+    _mutant(
+        "spec_drafts_never_rejected", "speculative_generate",
+        "Every drafted token accepted unchecked: the output is the draft's, fast and wrong.",
+        ("if torch.rand((), generator=generator, device=ps.device) >= ps[n, x] / qs[n][0, x]:", "if False:"),
+    ),
+    _mutant(
+        "spec_target_cache_not_rolled_back", "speculative_generate",
+        "The target's cache not rolled back past a rejected token: the next round is fed after the rejected "
+        "drafts, at the wrong positions.",
+        ("                t_cache.truncate(accepted)\n", ""),
+    ),
+    _mutant(
+        "spec_draft_cache_not_rolled_back", "speculative_generate",
+        "The draft's cache not rolled back: its next proposals are conditioned on rejected tokens (still right in "
+        "distribution, since the target decides, but the draft's cache fills up with tokens that are not in the "
+        "text and its proposals get worse).",
+        ("                d_cache.truncate(min(len(d_cache), accepted))\n", ""),
+    ),
+    _mutant(
+        "spec_verified_token_by_token", "speculative_generate",
+        "The drafted tokens verified one target pass each, not in one chunked pass: right, but as slow as "
+        "plain decoding (the point of speculation is one target pass for k tokens).",
+        ("                logits = target(fed, t_cache)[0, -(k + 1) :]\n                stats[\"target_calls\"] += 1\n",
+         "                logits = torch.cat([target(fed[:, i : i + 1], t_cache)[0] for i in range(fed.shape[1])])"
+         "[-(k + 1) :]\n                stats[\"target_calls\"] += fed.shape[1]\n"),
+    ),
+    _mutant(
+        "spec_global_random_state", "speculative_generate",
+        "The acceptance test's uniform draw taken from torch's global random state instead of the generator: right "
+        "in distribution, but a seeded generator no longer reproduces the text.",
+        ("torch.rand((), generator=generator, device=ps.device)", "torch.rand((), device=ps.device)"),
+    ),
+    _mutant(
+        "spec_mode_restored_only_on_success", "speculative_generate",
+        "The models' modes restored after generating, not in a finally: block: a failing step leaves them in "
+        "eval mode.",
+        ("            return out, stats\n    finally:\n        target.train(modes[0])\n        draft.train(modes[1])",
+         "    except BaseException:\n        raise\n    target.train(modes[0])\n    draft.train(modes[1])\n"
+         "    return out, stats"),
     ),
 ]
