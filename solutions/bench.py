@@ -151,7 +151,7 @@ def time_generation(model: GPT, n_new: int, use_cache: bool, cache_cls: type | N
     original = model.new_cache
     if cache_cls is not None:
         c = model.config
-        model.new_cache = lambda batch=1: cache_cls(c.n_layers, batch, c.kv_heads, c.max_len, c.d_head)  # type: ignore[method-assign]
+        model.new_cache = lambda batch=1: cache_cls(c.n_layers, batch, c.resolved_n_kv_heads, c.max_len, c.d_head)  # type: ignore[method-assign]
     try:
         start = time.perf_counter()
         generate(model, prompt, n_new, use_cache=use_cache, temperature=0)

@@ -10,7 +10,8 @@ dictionary of plain Python values and tensors (so it loads with
     config      dict                                  the model's constructor arguments
     state_dict  dict of tensors                       the trained weights
     vocab       dict                                  tokenizers (translate, gpt) or class names (vit)
-    metrics     dict                                  the held-out metrics printed at the end of training
+    metrics     dict                                  the held-out metrics printed at the end of training,
+                                                      with world_size (processes under torchrun; 1 without)
     data        dict                                  where the data came from and how it was split
 
 Each trainer rebuilds its model with ``build_model(config)``; the readers
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 FORMAT = "transformer-deep-dive checkpoint"
 FORMAT_VERSION = 1
@@ -84,9 +86,12 @@ def save_checkpoint(
     metrics: dict,
     data: dict | None = None,
 ) -> Path:
-    """Write ``out_dir/model.pt`` in the shared format; returns its path."""
+    """Write ``out_dir/model.pt`` in the shared format; returns its path. A model wrapped in
+    ``DistributedDataParallel`` is saved as the model inside (no ``module.`` prefix), so that one process loads it."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
+    if isinstance(model, DistributedDataParallel):
+        model = model.module
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / FILENAME

@@ -28,7 +28,7 @@ def test_bench_cat_cache_gives_same_tokens_as_preallocated() -> None:
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab=20, max_len=40, d_model=32, n_heads=4, n_layers=2, n_kv_heads=2)).eval()
     c = model.config
-    cat = CatKVCache(c.n_layers, 1, c.kv_heads, c.max_len, c.d_head)
+    cat = CatKVCache(c.n_layers, 1, c.resolved_n_kv_heads, c.max_len, c.d_head)
     prompt = torch.zeros(1, 3, dtype=torch.long)
     # Feed the prompt and then greedy tokens through the cat-grown cache by hand.
     out, logits = prompt, model(prompt, cat)[:, -1]

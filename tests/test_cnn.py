@@ -96,7 +96,7 @@ def test_parameter_groups_do_not_decay_biases_norms_cls_or_positions():
     assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
     decayed = {names[id(p)] for p in decay["params"]}
     assert {names[id(p)] for p in no_decay["params"]} >= {"cls_token", "position_embedding", "norm.weight", "head.bias"}
-    assert {"patch_embedding.weight", "head.weight", "blocks.0.mlp.up.weight"} <= decayed
+    assert {"patch_embedding.weight", "head.weight", "layers.0.feed_forward.linear1.weight"} <= decayed
     assert not decayed & {"cls_token", "position_embedding"} and all(p.dim() >= 2 for p in decay["params"])
 
 

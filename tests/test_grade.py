@@ -112,11 +112,15 @@ def test_grade_killed_with_sigkill_and_rerun_gives_the_rows_of_the_batch(grading
     proc = subprocess.Popen(cmd, cwd=support.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None and not (state.is_dir() and any(state.iterdir())):
+
+    def whole() -> list[Path]:  # results saved whole (a temp file being written is not one: record.atomic_write)
+        return sorted(state.glob("*.json")) if state.is_dir() else []
+
+    while time.monotonic() < deadline and proc.poll() is None and not whole():
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    saved = sorted(state.iterdir()) if state.is_dir() else []
+    saved = whole()
     assert 1 <= len(saved) < len(KILLED_CLASS), f"killed after {len(saved)} notebook(s) were saved"
     final = subprocess.run(cmd, capture_output=True, text=True, cwd=support.REPO, timeout=900)
     assert final.returncode == 0, final.stderr[-2000:]

@@ -437,11 +437,15 @@ def sharded(grading_batch, tmp_path_factory):
                                   stderr=subprocess.PIPE, text=True, env={**os.environ, "JOB_COMPLETION_INDEX": str(i)})
               for i in range(3) if i != victim}
     deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None and not (state.is_dir() and any(state.iterdir())):
+
+    def saved() -> list[str]:  # results saved whole (a temp file being written is not one: record.atomic_write)
+        return sorted(p.name for p in state.glob("*.json")) if state.is_dir() else []
+
+    while time.monotonic() < deadline and proc.poll() is None and not saved():
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    killed = {"state": sorted(p.name for p in state.iterdir()) if state.is_dir() else [],
+    killed = {"state": saved(),
               "finished": (state.parent / f"shard-{victim}-of-3.json").exists()}
     rerun = subprocess.Popen(_shard_cmd(subs, grading, f"shard-{victim}", 3, jobs=2), cwd=REPO, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env={**os.environ, "JOB_COMPLETION_INDEX": str(victim)})
