@@ -201,7 +201,7 @@ def call_tracking_size(obj: Any, inputs: dict) -> dict:
 
 # --- chapter 4 ---
 
-from autograder.checks.lookup import LookupModel  # noqa: E402  (a plain-data model the decoding probes build)
+from autograder.checks.lookup import LookupDecoder  # noqa: E402  (a plain-data decoder the decoding probes build)
 
 
 def call_each(obj: Any, inputs: dict) -> dict:
@@ -243,57 +243,76 @@ def scheduler_lrs(obj: Any, inputs: dict) -> dict:
     return {"lrs": lrs, "error": None}
 
 
-def decode_lookup(obj: Any, inputs: dict) -> dict:
-    """Build a :class:`~autograder.checks.lookup.LookupModel` from ``inputs["model"]`` (in train mode when
-    ``inputs["train"]``) and call ``obj(model, *args, **kwargs)``; returns the output, the model's mode
-    afterwards, how often it encoded and how many tokens each decode call fed."""
-    model = LookupModel(**inputs["model"]).train(inputs.get("train", False))
-    out = obj(model, *inputs.get("args", ()), **inputs.get("kwargs", {}))
-    return {"out": out, "training_after": model.training, "encode_calls": model.encode_calls, "fed": model.fed}
+def scheduler_factors(obj: Any, inputs: dict) -> dict:
+    """An optimizer over one parameter with one group per lr of ``inputs["lrs"]``; ``obj(optimizer, *args,
+    **kwargs)``; then the factor its LambdaLR's lambda gives each step of ``inputs["factor_steps"]`` (``lr_lambdas[0]``,
+    read without stepping). An exception (from ``obj``, or from the lambda) is returned (type and message)."""
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": lr} for lr in inputs["lrs"]]
+    optimizer = torch.optim.SGD(groups)
+    try:
+        scheduler = obj(optimizer, *inputs.get("args", ()), **inputs.get("kwargs", {}))
+        lambdas = getattr(scheduler, "lr_lambdas", None)
+        if not isinstance(lambdas, list) or not lambdas or not callable(lambdas[0]):
+            raise TypeError(f"noam_scheduler returned {type(scheduler).__name__}, not a LambdaLR")
+        factors = [lambdas[0](step) for step in inputs["factor_steps"]]
+    except NotImplementedError:  # an unsolved stub is not an answer
+        raise
+    except Exception as err:  # the judge decides whether this error was the expected one
+        return {"factors": None, "error": _error(err)}
+    return {"factors": factors, "error": None}
 
 
-class _StepCache:
-    """The protocol of the decoder cache a chapter-4 attention module uses (``write``, ``cross_keys_values``),
-    for one layer, written out here; it records which layer indices it was handed."""
-
-    def __init__(self, cross: tuple, layer: int) -> None:
-        self.cross, self.layer, self.k, self.v, self.length = cross, layer, None, None, 0
-        self.layers_seen: list[int] = []
-
-    def __len__(self) -> int:
-        return self.length
-
-    def cross_keys_values(self, layer: int) -> tuple:
-        self.layers_seen.append(layer)
-        return self.cross
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple:
-        self.layers_seen.append(layer)
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
-        return self.k, self.v
-
-    def advance(self, n_tokens: int) -> None:
-        self.length += n_tokens
+def search_lookup(obj: Any, inputs: dict) -> dict:
+    """Build a :class:`~autograder.checks.lookup.LookupDecoder` from ``inputs["decoder"]`` and call
+    ``obj(decoder, *args, **kwargs)``; returns the output and what the decoder was asked: the rows of every
+    ``log_probs`` call, the calls whose prefixes disagreed with its rows' history and the ``reorder`` calls."""
+    decoder = LookupDecoder(**inputs["decoder"])
+    out = obj(decoder, *inputs.get("args", ()), **inputs.get("kwargs", {}))
+    return {"out": out, "calls": decoder.calls, "mismatches": decoder.mismatches, "reorders": decoder.reorders}
 
 
-def decoder_layer_steps(obj: Any, inputs: dict) -> dict:
-    """Build and load ``obj`` (a decoder layer) like :func:`module_forward`; ``forward(x, memory, mask)`` on the
-    whole target, then one target position at a time with a cache (``cache=…, layer=inputs["layer"]``; the
-    cross-attention keys/values from ``module.cross_attn.keys_values(memory)``). Returns both, and the layer
-    indices the cache was handed."""
+class _FixedDropout(torch.nn.Module):
+    """A dropout module with a given mask (training mode only), so that a layer's training-mode output can be
+    compared exactly; it counts its calls and refuses a tensor of another shape than its mask's."""
+
+    def __init__(self, name: str, mask: torch.Tensor) -> None:
+        super().__init__()
+        self.name, self.mask, self.calls = name, mask, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if not self.training or self.mask is None:  # no mask: this dropout is switched off
+            return x
+        if tuple(x.shape) != tuple(self.mask.shape):
+            raise ValueError(f"self.{self.name} was applied to a tensor of shape {tuple(x.shape)}; the sub-layer "
+                             f"outputs it drops from are {tuple(self.mask.shape)}")
+        return x * self.mask
+
+
+def module_forward_fixed_dropout(obj: Any, inputs: dict) -> dict:
+    """Build and load ``obj`` like :func:`module_forward`; replace its dropout modules named in ``inputs["masks"]``
+    (``"dropout1"``, ``"feed_forward.dropout"``...) by ones with those fixed masks (None: no dropout), switch off the
+    attention weights' own dropout (a float ``dropout`` attribute of a submodule), and run ``forward(*args)`` in
+    training mode. Returns the output (or the error) and how often each replaced module was called."""
     module = obj(*inputs.get("init_args", ()), **inputs.get("init_kwargs", {}))
     module.load_state_dict(inputs["state"], strict=True)
-    module.eval()
-    x, memory, mask = inputs["args"]
-    with torch.no_grad():
-        full = module(x, memory, mask)
-        cache = _StepCache(module.cross_attn.keys_values(memory), inputs["layer"])
-        steps = []
-        for t in range(x.shape[1]):
-            steps.append(module(x[:, t : t + 1], memory, mask, cache=cache, layer=inputs["layer"]))
-            cache.advance(1)
-    return {"full": full, "steps": steps, "layers_seen": cache.layers_seen}
+    fixed = {}
+    for name, mask in inputs["masks"].items():
+        parent, _, attribute = name.rpartition(".")
+        fixed[name] = _FixedDropout(name, mask)
+        setattr(module.get_submodule(parent) if parent else module, attribute, fixed[name])
+    for sub in module.modules():
+        if isinstance(getattr(sub, "dropout", None), float):
+            sub.dropout = 0.0
+    module.train()
+    try:
+        with torch.no_grad():
+            out = module(*inputs.get("args", ()), **inputs.get("kwargs", {}))
+    except NotImplementedError:  # an unsolved stub is not an answer
+        raise
+    except Exception as err:  # the judge decides whether this error was the expected one
+        return {"out": None, "error": _error(err), "calls": {name: m.calls for name, m in fixed.items()}}
+    return {"out": out, "error": None, "calls": {name: m.calls for name, m in fixed.items()}}
 
 
 # --- chapter 5 ---
