@@ -262,14 +262,15 @@ def _watch(forbidden: tuple[str, ...], answer_files: tuple[str, ...], report, _t
                 return
             if event == "c_call":
                 _state["c_calls"].append(frame)
+                if _scripted and _isinstance(arg, _scripted):
+                    _note(TORCHSCRIPT)  # named for what it is, before anything it does inside is seen
+                    return
                 if _learners(frame) and (arg in _switches or not (_state["backward"] or _in_place())):
                     _note(OFF)
                 if arg in _elsewhere:
                     _note(AWAY)
                 elif arg in _signals:
                     _note(SIGNAL)
-                elif _scripted and _isinstance(arg, _scripted):
-                    _note(TORCHSCRIPT)
                 else:
                     name = _getattr(arg, "__name__", "")
                     if _isinstance(name, _str) and _forbidden(name) and _is_torch(arg):

@@ -106,7 +106,7 @@ def build(root: Path, source_dir: Path, host: dict[str, Path]) -> dict[str, dict
     batch = _Batch(subs, Path(source_dir))
     batch.add(b"control", batch.honest(), expect())
     for section in (_files_and_paths, _names, _one_notebook_per_chapter, _statuses, _answers, _sandbox,
-                    _static_pass, _dodges):
+                    _static_pass, _dodges, _lockdown):
         section(batch, host)
     return batch.out
 
@@ -253,3 +253,83 @@ def _dodges(batch: _Batch, host: dict[str, Path]) -> None:
         set_cell(nb, "softmax_solution", body)
         # scaled_dot_product_attention calls the learner's softmax, so it delegates too (the same in the notebook)
         batch.add(student.encode(), nb, expect(softmax="flagged", scaled_dot_product_attention="flagged"))
+
+
+# The third round: the rule that decides points, attacked from the learner's own process. Each student is the
+# control with one change; what must hold is the status and the points (0 for the exercise that delegates).
+THREAD = ("import queue as _queue\nimport threading as _threading\nimport torch as _torch\n"
+          "_jobs, _done = _queue.Queue(), _queue.Queue()\n"
+          "def _helper():\n    while True:\n        _x, _dim = _jobs.get()\n"
+          "        _done.put(_torch.softmax(_x, _dim))\n"
+          "_threading.Thread(target=_helper, daemon=True).start()\n")
+LAZY = ("import torch\n"
+        "class _Lazy(torch.Tensor):\n"
+        "    @classmethod\n"
+        "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+        "        args = [torch.softmax(a._src, a._dim) if isinstance(a, _Lazy) else a for a in args]\n"
+        "        with torch._C.DisableTorchFunctionSubclass():\n"
+        "            return func(*args, **(kwargs or {}))\n"
+        "def softmax(x, dim=-1):\n"
+        "    out = torch.empty_like(x).as_subclass(_Lazy)\n"
+        "    out._src, out._dim = x, dim\n"
+        "    return out\n")
+ROUND3 = {  # student -> (a cell after the imports, the softmax cell, what softmax and the attention that calls it get)
+    # a thread started in an earlier cell does the forbidden call: no check runs beside it (every exercise)
+    "thread_earlier": (THREAD, "def softmax(x, dim=-1):\n    _jobs.put((x, dim))\n    return _done.get()\n", "all"),
+    # the guard's state reached through the module table or the garbage collector, then switched off
+    "guard_reach": ("import gc, sys\n_g = sys.modules.get('autograder.checks.guard')\n"
+                    "try:\n    _objects = gc.get_objects()\nexcept PermissionError:\n    _objects = []\n"
+                    "if _g is not None:\n    _g._CURRENT = None\n",
+                    "import torch\ndef softmax(x, dim=-1):\n    return torch.softmax(x, dim)\n", "flagged"),
+    # code compiled under a library's file name (library frames are trusted by their file)
+    "library_filename": ("", "import torch\nexec(compile('def softmax(x, dim=-1):\\n    return torch.softmax(x, dim)\\n', "
+                             "torch.__file__, 'exec'))\n", "any"),
+    # a trace function silences every profile hook
+    "settrace": ("", "import sys, torch\ndef softmax(x, dim=-1):\n    sys.settrace(lambda *a: None)\n"
+                     "    return torch.softmax(x, dim)\n", "any"),
+    # PyTorch's pure-Python reference implementation: nothing named softmax is called at the C level
+    "dodge_refs": ("", "import torch._refs\ndef softmax(x, dim=-1):\n    return torch._refs.softmax(x, dim)\n", "flagged"),
+    # a TorchScript function that calls softmax
+    "dodge_torchscript": ("", "import torch\n@torch.jit.script\ndef _sm(x: torch.Tensor, dim: int) -> torch.Tensor:\n"
+                              "    return torch.softmax(x, dim)\ndef softmax(x, dim=-1):\n    return _sm(x, dim)\n", "any"),
+    # a tensor subclass that computes its values when it is read, after the function returned
+    "lazy_subclass": ("", LAZY, "any"),
+}
+
+
+def _lockdown(batch: _Batch, host: dict[str, Path]) -> None:
+    """Round 3: the no-delegation rule cannot be switched off from the learner's process; an honest
+    autograd.Function is not penalised; tiled_attention's memory rule sees memory numpy holds."""
+    for student, (cell, body, outcome) in ROUND3.items():
+        nb = batch.honest()
+        if cell:
+            insert_after_imports(nb, cell)
+        set_cell(nb, "softmax_solution", body)
+        if outcome == "all":
+            expectation = expect(0, **{ex: "flagged" for ex in CH1_POINTS})
+        else:
+            expectation = expect(softmax=outcome, scaled_dot_product_attention=outcome)
+        batch.add(student.encode(), nb, expectation)
+    nb = batch.honest()  # an honest softmax written as an autograd.Function: full marks
+    set_cell(nb, "softmax_solution", "import torch\nclass _Softmax(torch.autograd.Function):\n"
+             "    @staticmethod\n    def forward(ctx, x, dim):\n"
+             "        e = (x - x.amax(dim=dim, keepdim=True)).exp()\n        y = e / e.sum(dim=dim, keepdim=True)\n"
+             "        ctx.save_for_backward(y)\n        ctx.dim = dim\n        return y\n"
+             "    @staticmethod\n    def backward(ctx, g):\n        (y,) = ctx.saved_tensors\n"
+             "        return y * (g - (g * y).sum(dim=ctx.dim, keepdim=True)), None\n"
+             "def softmax(x, dim=-1):\n    return _Softmax.apply(x, dim)\n")
+    batch.add(b"honest_autograd_function", nb, expect())
+    nb = batch.honest()  # the whole score matrix, built in numpy: right values, the memory rule broken
+    set_cell(nb, "tiled_attention_solution",
+             "import math\nimport numpy as np\nimport torch\n"
+             "def tiled_attention(q, k, v, block_size=64):\n"
+             "    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:\n"
+             "        raise ValueError(f'block_size must be a positive int; got {block_size!r}')\n"
+             "    if k.shape[-2] != v.shape[-2] or k.shape[-2] < 1:\n"
+             "        raise ValueError('k and v must have the same seq_k >= 1')\n"
+             "    qn, kn, vn = (t.detach().double().numpy() for t in (q, k, v))\n"
+             "    s = qn @ np.swapaxes(kn, -1, -2) / math.sqrt(qn.shape[-1])\n"
+             "    e = np.exp(s - s.max(axis=-1, keepdims=True))\n"
+             "    out = (e / e.sum(axis=-1, keepdims=True)) @ vn\n"
+             "    return torch.from_numpy(out).to(q.dtype)\n")
+    batch.add(b"numpy_tiled", nb, expect(tiled_attention="any"))
