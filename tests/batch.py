@@ -11,8 +11,9 @@ sentinel planted in their hidden tests, given as ``--source``) and ``root/out/``
 * a class collected through nbgrader's own exchange (``submitted/<student>/<assignment>/<notebook>``), which
   ``tests/test_shard.py`` also grades in shards from its own copy (``class_root``).
 
-``grade()`` runs ``python -m autograder grade`` once, sandboxed, with two jobs (beside the other test worker:
-a busy machine), then ``autograder feedback``. Each test reads its own students' rows.
+``grade()`` runs ``python -m autograder grade`` once, sandboxed, with two jobs and a CPU-bound process
+beside it (a busy machine: the honest students must still get full marks), then ``autograder feedback``. The
+cell timeout is the grader's default, 60 s (20 s failed honest checks on a busy 2-core CI machine). Each test reads its own students' rows.
 """
 
 from __future__ import annotations
@@ -173,9 +174,10 @@ class Batch:
                 *extra]
 
     def grade(self) -> None:
-        started = time.monotonic()
-        self.result = subprocess.run(self.command(), capture_output=True, cwd=support.REPO, timeout=3000)
-        self.seconds = time.monotonic() - started
+        with support.cpu_burner():
+            started = time.monotonic()
+            self.result = subprocess.run(self.command(), capture_output=True, cwd=support.REPO, timeout=3000)
+            self.seconds = time.monotonic() - started
         self.feedback = subprocess.run([sys.executable, "-m", "autograder", "feedback", str(self.out / "grades.csv"),
                                         "--out", str(self.out / "feedback")], capture_output=True, cwd=support.REPO,
                                        timeout=300)
