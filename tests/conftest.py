@@ -49,6 +49,7 @@ def _group(item) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         group = _group(item)
@@ -57,6 +58,30 @@ def pytest_collection_modifyitems(config, items):
             if item.get_closest_marker("timeout") is None:
                 # the first test of a group also waits for the group's session run (setup counts)
                 item.add_marker(pytest.mark.timeout(2400))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist sends the ids to the controller
+def pytest_collection_finish(session):
+    """pytest-xdist's loadgroup sends a group's tests to one worker by the ``@group`` suffix it gives their node
+    ids, which it writes to ``item._nodeid``; pytest 9.2 keeps the id elsewhere, and the suffix was silently lost
+    (every session run then happened once per worker). Where it is missing, it is added here."""
+    if not session.config.getvalue("loadgroup"):
+        return
+    for item in session.items:
+        groups = sorted({str(mark.args[0]) for mark in item.iter_markers("xdist_group") if mark.args})
+        if groups and "@" not in item.nodeid:
+            _suffix(item, "_".join(groups))
+
+
+def _suffix(item, group: str) -> None:
+    nodeid = f"{item.nodeid}@{group}"
+    if hasattr(item, "_id"):  # pytest >= 9.2
+        from _pytest.nodes import coerce_node_id
+
+        item._id = coerce_node_id(nodeid)
+    else:
+        item._nodeid = nodeid
+    assert item.nodeid == nodeid
 
 
 # --- small fixtures --------------------------------------------------------------------------------
