@@ -31,9 +31,9 @@ class Recorder:
         gb.update_or_create_notebook(chapter.id, chapter.id)
         for ex in chapter.exercises:
             try:
-                cell = gb.find_grade_cell(f"{ex.name}_tests", chapter.id, chapter.id)
+                cell = gb.find_grade_cell(ex.tests_id, chapter.id, chapter.id)
             except MissingEntry:
-                gb.update_or_create_grade_cell(f"{ex.name}_tests", chapter.id, chapter.id,
+                gb.update_or_create_grade_cell(ex.tests_id, chapter.id, chapter.id,
                                                max_score=float(ex.points), cell_type="code")
                 continue
             if cell.max_score != float(ex.points):  # the registry's points changed since the cell was made
@@ -79,7 +79,7 @@ class Recorder:
                 gb.add_submission(chapter.id, result["student"])
         for row in result["rows"]:
             try:
-                grade = gb.find_grade(f"{row['exercise']}_tests", chapter.id, chapter.id, result["student"])
+                grade = gb.find_grade(row["exercise"] + registry.TESTS_SUFFIX, chapter.id, chapter.id, result["student"])
             except MissingEntry:
                 continue
             grade.auto_score = float(row["points"])

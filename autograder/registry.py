@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,26 @@ from typing import Any
 PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_DIR = PACKAGE_DIR / "source"
 COURSE_DIR = PACKAGE_DIR.parent / "course"
+
+# --- the conventions every chapter follows (read here, never spelled elsewhere) ---------------------------
+CHAPTER_ID = re.compile(r"^\d\d_[a-z0-9_]+$")  # "01_attention_by_hand": a folder and its notebook's name
+CHAPTER_GLOB = "[0-9][0-9]_*"  # the same, for Path.glob
+SOLUTION_SUFFIX = "_solution"  # nbgrader grade id of an exercise's answer cell: <name>_solution
+TESTS_SUFFIX = "_tests"  # nbgrader grade id of an exercise's graded test cell: <name>_tests
+# The tag of every graded test cell: JupyterLab, nbclient and nbconvert go on past an error in a cell with it, so
+# Run All does not stop at an unsolved exercise.
+RUN_ALL_TAG = "raises-exception"
+
+
+def is_test_cell(cell) -> bool:
+    """Whether ``cell`` is a graded test cell (nbgrader: graded, not a solution)."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return bool(meta.get("grade")) and not meta.get("solution")
+
+
+def exercise_of_grade_id(grade_id: str) -> str:
+    """The exercise a grade id belongs to: ``softmax_tests`` and ``softmax_solution`` -> ``softmax``."""
+    return grade_id.removesuffix(TESTS_SUFFIX).removesuffix(SOLUTION_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -55,6 +76,15 @@ class Exercise:
 
     def load_reference(self) -> Any:
         return getattr(importlib.import_module(self.module), self.target)
+
+    @property
+    def tests_id(self) -> str:
+        """The grade id of its graded test cell (nbgrader's grade cell, and the gradebook's)."""
+        return self.name + TESTS_SUFFIX
+
+    @property
+    def solution_id(self) -> str:
+        return self.name + SOLUTION_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -216,20 +246,20 @@ def notebook_problems(chapter: Chapter, nb) -> list[str]:
     for cell in nb.cells:
         meta = cell.get("metadata", {}).get("nbgrader", {})
         grade_id = meta.get("grade_id", "")
-        if meta.get("grade") and not meta.get("solution"):
-            tests_order.append(grade_id.removesuffix("_tests"))
+        if is_test_cell(cell):
+            tests_order.append(exercise_of_grade_id(grade_id))
             grade_ids[grade_id] = meta.get("points")
-            if cell.cell_type == "code" and "raises-exception" not in cell.get("metadata", {}).get("tags", []):
-                problems.append(f"{grade_id} is not tagged raises-exception (Run All would stop there)")
+            if cell.cell_type == "code" and RUN_ALL_TAG not in cell.get("metadata", {}).get("tags", []):
+                problems.append(f"{grade_id} is not tagged {RUN_ALL_TAG} (Run All would stop there)")
         elif meta.get("solution"):
             grade_ids[grade_id] = None
     for ex in chapter.exercises:
-        if f"{ex.name}_solution" not in grade_ids:
-            problems.append(f"no solution cell {ex.name}_solution")
-        if f"{ex.name}_tests" not in grade_ids:
-            problems.append(f"no graded test cell {ex.name}_tests")
-        elif grade_ids[f"{ex.name}_tests"] != ex.points:
-            problems.append(f"{ex.name}_tests is worth {grade_ids[f'{ex.name}_tests']} points in the notebook "
+        if ex.solution_id not in grade_ids:
+            problems.append(f"no solution cell {ex.solution_id}")
+        if ex.tests_id not in grade_ids:
+            problems.append(f"no graded test cell {ex.tests_id}")
+        elif grade_ids[ex.tests_id] != ex.points:
+            problems.append(f"{ex.tests_id} is worth {grade_ids[ex.tests_id]} points in the notebook "
                             f"and {ex.points} in the registry")
     names = [ex.name for ex in chapter.exercises]
     extra = [t for t in tests_order if t not in names]
@@ -238,6 +268,21 @@ def notebook_problems(chapter: Chapter, nb) -> list[str]:
     if not extra and tests_order != names and sorted(tests_order) == sorted(names):
         problems.append(f"exercises in the order {tests_order}, registry order {names}")
     return problems
+
+
+def hidden_while_graded(chapter: Chapter) -> list[Path]:
+    """The files the learner's code must not read while ``chapter`` is graded: its answer modules and those of
+    every later chapter (not yet due: a student edition withholds them), and the checks modules of every chapter
+    (their hidden cases). What the learner's code reads can reach the ``reason`` column, and so the learner's
+    feedback. Earlier chapters' answer modules stay readable: a notebook imports what earlier chapters built."""
+    paths = []
+    for other in CHAPTERS:
+        if other.number >= chapter.number:
+            paths += [Path(f) for f in other.answer_files()]
+        checks = other.checks_file()
+        if checks:
+            paths.append(Path(checks))
+    return paths
 
 
 def get(chapter_id: str) -> Chapter:

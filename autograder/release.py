@@ -8,7 +8,7 @@ its own gradebook; only ``course/NN_name/`` is written in the repository.
 
 Two things are added to what nbgrader writes:
 
-* every graded test cell is tagged ``raises-exception``, so that JupyterLab's
+* every graded test cell is tagged with the registry's Run All tag (``raises-exception``), so that JupyterLab's
   "Run All" goes on past an exercise that is not done yet (its test cell shows one
   red line) to the widgets and plots below; nbgrader still scores the cell 0, since
   it grades on the error in the cell's output, not on the tag;
@@ -24,7 +24,6 @@ import argparse
 import copy
 import hashlib
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -35,12 +34,8 @@ import nbformat
 
 from autograder import environment, registry
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-SOURCE_DIR = PACKAGE_DIR / "source"
-COURSE_DIR = PACKAGE_DIR.parent / "course"
+PACKAGE_DIR, SOURCE_DIR, COURSE_DIR = registry.PACKAGE_DIR, registry.SOURCE_DIR, registry.COURSE_DIR
 CONFIG_FILE = PACKAGE_DIR / "nbgrader_config.py"
-CHAPTER_NAME = re.compile(r"^\d\d_[a-z0-9_]+$")
-RUN_ALL_TAG = "raises-exception"  # JupyterLab, nbclient and nbconvert go on past an error in a cell with this tag
 STAMP_KEY = "course_release"  # notebook metadata: {"fingerprint": ...} of the notebook as released
 IGNORED = (".ipynb_checkpoints", "__pycache__")
 
@@ -100,14 +95,14 @@ def is_ignored(relative: Path) -> bool:
 
 
 def tag_test_cells(nb) -> int:
-    """Tag every graded test cell ``raises-exception``; returns how many cells were tagged."""
+    """Tag every graded test cell with the registry's Run All tag (a source notebook may lack it: plain nbgrader
+    copies the tags it finds); returns how many cells were tagged."""
     tagged = 0
     for cell in nb.cells:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if meta.get("grade") and not meta.get("solution") and cell.cell_type == "code":
+        if registry.is_test_cell(cell) and cell.cell_type == "code":
             tags = cell.metadata.setdefault("tags", [])
-            if RUN_ALL_TAG not in tags:
-                tags.append(RUN_ALL_TAG)
+            if registry.RUN_ALL_TAG not in tags:
+                tags.append(registry.RUN_ALL_TAG)
                 tagged += 1
     return tagged
 
@@ -235,7 +230,7 @@ def differences(course_dir: Path = COURSE_DIR, source_dir: Path = SOURCE_DIR,
         problems = compare(Path(tmp), course_dir, generated)
     if names is None and course_dir.is_dir():
         for p in sorted(course_dir.iterdir()):
-            if p.is_dir() and CHAPTER_NAME.match(p.name) and p.name not in generated:
+            if p.is_dir() and registry.CHAPTER_ID.match(p.name) and p.name not in generated:
                 problems.append(f"{course_dir.name}/{p.name}: no chapter of that name in {source_dir}")
     return problems
 

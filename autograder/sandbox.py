@@ -194,24 +194,11 @@ def _bwrap_prefix(hide: list[Path], limits: Limits) -> list[str]:
 
 
 def hidden_paths(chapter, extra: list[Path] = ()) -> list[Path]:
-    """Files the learner must not read while ``chapter`` (a registry Chapter) is graded.
-
-    Its answer modules and those of every later chapter (not yet due: a student edition withholds
-    them), and the checks modules of every chapter (their hidden cases). What the learner's code
-    reads can reach the ``reason`` column, and so the learner's feedback. Earlier chapters' answer
-    modules stay readable: a notebook imports what earlier chapters built.
-    """
+    """Files the learner must not read while ``chapter`` (a registry Chapter) is graded: the registry decides
+    which (:func:`autograder.registry.hidden_while_graded`), plus ``extra``."""
     from autograder import registry
 
-    paths = [Path(p) for p in extra]
-    if chapter is not None:
-        for other in registry.CHAPTERS:
-            if other.number >= chapter.number:
-                paths += [Path(f) for f in other.answer_files()]
-            checks = other.checks_file()
-            if checks:
-                paths.append(Path(checks))
-    return paths
+    return [Path(p) for p in extra] + ([] if chapter is None else registry.hidden_while_graded(chapter))
 
 
 # --- files: never through a link, never recursively --------------------------------

@@ -65,7 +65,7 @@ def pytest_collection_finish(session):
     """pytest-xdist's loadgroup sends a group's tests to one worker by the ``@group`` suffix it gives their node
     ids, which it writes to ``item._nodeid``; pytest 9.2 keeps the id elsewhere, and the suffix was silently lost
     (every session run then happened once per worker). Where it is missing, it is added here."""
-    if not session.config.getvalue("loadgroup"):
+    if not getattr(session.config.option, "loadgroup", False):  # set on xdist's workers only
         return
     for item in session.items:
         groups = sorted({str(mark.args[0]) for mark in item.iter_markers("xdist_group") if mark.args})

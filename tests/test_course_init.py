@@ -65,7 +65,7 @@ def test_course_init_fresh_directory_has_config_sources_release_exchange_and_gra
     # the exchange: writable by all but sticky (no learner can replace the course's folder); inbound set-gid, unlistable
     assert stat.S_IMODE(exchange.stat().st_mode) == 0o1777
     assert stat.S_IMODE((exchange / ID / "inbound").stat().st_mode) == 0o2733
-    assert _points(root) == {f"{ex.name}_tests": float(ex.points) for ex in FIRST.exercises}
+    assert _points(root) == {ex.tests_id: float(ex.points) for ex in FIRST.exercises}
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
         assert sorted(s.id for s in gb.students) == ["alice", "bob"]
         alice = gb.find_student("alice")
@@ -98,10 +98,10 @@ def test_course_init_rerun_keeps_submissions_and_grades(made):
     assert f"{FIRST.id}: already released, unchanged" in out
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
         first = FIRST.exercises[0]
-        assert gb.find_grade(f"{first.name}_tests", FIRST.id, FIRST.id, "alice").auto_score == first.points
+        assert gb.find_grade(first.tests_id, FIRST.id, FIRST.id, "alice").auto_score == first.points
         assert gb.find_submission(FIRST.id, "alice").score == first.points
         assert gb.find_student("alice").email == "alice@example.org"
-    assert _points(root) == {f"{ex.name}_tests": float(ex.points) for ex in FIRST.exercises}
+    assert _points(root) == {ex.tests_id: float(ex.points) for ex in FIRST.exercises}
 
 
 @pytest.mark.parametrize("text, row, says", [

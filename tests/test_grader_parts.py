@@ -860,12 +860,12 @@ def test_gradebook_sets_the_max_score_of_an_existing_grade_cell_to_the_registry_
     with Gradebook(url) as gb:
         gb.update_or_create_assignment(CH1.id)
         gb.update_or_create_notebook(CH1.id, CH1.id)
-        gb.update_or_create_grade_cell(f"{first.name}_tests", CH1.id, CH1.id, max_score=first.points + 5.0,
+        gb.update_or_create_grade_cell(first.tests_id, CH1.id, CH1.id, max_score=first.points + 5.0,
                                        cell_type="code")
     rows = results.rows_for_all(CH1, "passed", "")
     book.record({"student": "alice", "submission": f"alice/{NB}", "chapter": CH1.id, "sha256": "0" * 64,
                  "rows": rows, "retry": False, "kind": "graded"})
     with Gradebook(url) as gb:
         cells = {c.name: c.max_score for c in gb.find_notebook(CH1.id, CH1.id).grade_cells}
-        assert cells == {f"{ex.name}_tests": float(ex.points) for ex in CH1.exercises}
+        assert cells == {ex.tests_id: float(ex.points) for ex in CH1.exercises}
         assert gb.find_submission(CH1.id, "alice").score == CH1.points

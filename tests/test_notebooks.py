@@ -115,7 +115,7 @@ def test_release_stubs_fail_only_in_test_cells(nbgrader_course, chapter):
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_release_one_exercise_solved_gets_its_points(nbgrader_course, chapter):
     first = next(iter(solution_sources(source(chapter)))).removesuffix("_solution")
-    points = points_of(source(chapter))[f"{first}_tests"]
+    points = points_of(source(chapter))[first + registry.TESTS_SUFFIX]
     score, _, per_cell = nbgrader_course.autograded(chapter).scores("one")
-    assert per_cell[f"{first}_tests"] == points, per_cell
+    assert per_cell[first + registry.TESTS_SUFFIX] == points, per_cell
     assert score == points, f"{chapter}: only {first} solved, expected {points} points, got {score}: {per_cell}"

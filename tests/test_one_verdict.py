@@ -21,7 +21,7 @@ def notebook_points(nb, chapter: registry.Chapter) -> dict[str, float]:
     for cell in nb.cells:
         meta = nbgrader_meta(cell)
         if meta.get("grade") and not meta.get("solution"):
-            name = meta["grade_id"].removesuffix("_tests")
+            name = registry.exercise_of_grade_id(meta["grade_id"])
             failed = any(o.get("output_type") == "error" for o in cell.get("outputs", []))
             points[name] = 0.0 if failed else float(chapter.exercise(name).points)
     return points
@@ -48,7 +48,7 @@ def test_one_verdict_same_points_in_the_notebook(student, learner_runs):
 @pytest.mark.parametrize("student", list(cases.SUBMISSIONS))
 def test_one_verdict_same_points_in_nbgrader(student, nbgrader_course):
     _, _, per_cell = nbgrader_course.autograded(cases.SUBMISSIONS[student][0]).scores(student)
-    _check(student, "nbgrader", {name.removesuffix("_tests"): score for name, score in per_cell.items()})
+    _check(student, "nbgrader", {registry.exercise_of_grade_id(name): score for name, score in per_cell.items()})
 
 
 @sandboxed

@@ -92,7 +92,7 @@ def test_registry_notebook_problems_names_the_mismatch():
     first = chapter.exercises[0]
     for cell in nb.cells:
         meta = cell.get("metadata", {}).get("nbgrader", {})
-        if meta.get("grade_id") == f"{first.name}_tests":
+        if meta.get("grade_id") == first.tests_id:
             meta["points"] = first.points + 1
     assert registry.notebook_problems(chapter, nb) == [
         f"{first.name}_tests is worth {first.points + 1} points in the notebook and {first.points} in the registry"]
@@ -110,7 +110,7 @@ def test_registry_notebook_problems_name_an_untagged_test_cell():
     nb = nbformat.read(chapter.source_path(), as_version=4)
     last = chapter.exercises[-1]
     for cell in nb.cells:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == f"{last.name}_tests":
-            cell.metadata["tags"].remove("raises-exception")
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == last.tests_id:
+            cell.metadata["tags"].remove(registry.RUN_ALL_TAG)
     assert registry.notebook_problems(chapter, nb) == [
         f"{last.name}_tests is not tagged raises-exception (Run All would stop there)"]

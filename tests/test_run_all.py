@@ -39,7 +39,7 @@ def _is_test_cell(cell) -> bool:
 def test_release_tags_exactly_the_test_cells_raises_exception(chapter):
     nb = nbformat.read(chapter.release_path(), as_version=4)
     tagged = [_meta(c).get("grade_id") for c in nb.cells if RUN_ALL_TAG in c.get("metadata", {}).get("tags", [])]
-    assert tagged == [f"{ex.name}_tests" for ex in chapter.exercises]
+    assert tagged == [ex.tests_id for ex in chapter.exercises]
     assert all(_is_test_cell(c) for c in nb.cells if RUN_ALL_TAG in c.get("metadata", {}).get("tags", []))
 
 
@@ -53,7 +53,7 @@ def test_untouched_release_runs_every_cell_and_each_unfinished_exercise_says_so_
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count for c in code), "a code cell did not run"
     errors = {_meta(c).get("grade_id"): o for c in code for o in c.outputs if o.output_type == "error"}
-    assert set(errors) == {f"{ex.name}_tests" for ex in chapter.exercises}
+    assert set(errors) == {ex.tests_id for ex in chapter.exercises}
     for grade_id, error in errors.items():
         assert error.ename == "NotDone", (grade_id, error.ename)
         assert len(error.traceback) == 1 and "not done yet" in error.traceback[0], error.traceback  # one line

@@ -185,7 +185,7 @@ def test_plan_costs_balance_a_heavy_chapter(tmp_path, capsys):
 def _grader_copy(tmp_path: Path) -> Path:
     """The autograder package and the released notebooks, copied elsewhere as another image would hold them."""
     shutil.copytree(identity.PACKAGE_DIR, tmp_path / "autograder", ignore=shutil.ignore_patterns("__pycache__", "source"))
-    for notebook in (REPO / "course").glob("[0-9][0-9]_*/*.ipynb"):
+    for notebook in (REPO / "course").glob(f"{registry.CHAPTER_GLOB}/*.ipynb"):
         shutil.copy(notebook, _mkdirs(tmp_path / "course" / notebook.relative_to(REPO / "course")))
     return tmp_path / "autograder"
 
