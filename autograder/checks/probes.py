@@ -75,11 +75,23 @@ def _message(err: BaseException) -> str:
         return "(no message)"
 
 
+_DECLARED: dict[str, Any] = {}
+
+
+def probe(function):
+    """Declare ``function`` a probe: the verdict side may ask the kernel to call it by name. Only what is declared
+    so is callable that way (a new helper of this module is not, unless it says so)."""
+    _DECLARED[function.__name__] = function
+    return function
+
+
+@probe
 def call(obj: Any, inputs: dict) -> dict:
     """``obj(*args, **kwargs)``; the result under ``"out"``."""
     return {"out": obj(*inputs.get("args", ()), **inputs.get("kwargs", {}))}
 
 
+@probe
 def call_with_grad(obj: Any, inputs: dict) -> dict:
     """Call, then backpropagate ``sum(out * cotangent)``; returns ``out`` and the gradients
     of the positional arguments listed in ``inputs["grad_args"]`` (None where no gradient flowed)."""
@@ -94,6 +106,7 @@ def call_with_grad(obj: Any, inputs: dict) -> dict:
     return {"out": first.detach(), "grads": [args[i].grad for i in inputs["grad_args"]]}
 
 
+@probe
 def module_forward(obj: Any, inputs: dict) -> dict:
     """Build ``obj(*init_args, **init_kwargs)``, load ``state`` (a name → tensor dict, strict),
     switch to eval mode and return ``forward(*args, **kwargs)`` and the parameter count."""
@@ -114,6 +127,7 @@ def _error(err: BaseException) -> dict:
     return {"type": type(err).__name__, "message": str(err)[:500]}
 
 
+@probe
 def call_or_error(obj: Any, inputs: dict) -> dict:
     """Like :func:`call`, but an exception is returned (type and message) instead of raised,
     so a judge can require e.g. a ValueError; ``out`` is None when it raised."""
@@ -125,6 +139,7 @@ def call_or_error(obj: Any, inputs: dict) -> dict:
         return {"out": None, "error": _error(err)}
 
 
+@probe
 def module_forward_or_error(obj: Any, inputs: dict) -> dict:
     """Like :func:`module_forward` (construction and state loading must succeed), but an exception
     raised by ``forward`` is returned (type and message) instead of raised."""
@@ -142,6 +157,7 @@ def module_forward_or_error(obj: Any, inputs: dict) -> dict:
     return {"out": out, "error": None}
 
 
+@probe
 def rope_scores(obj: Any, inputs: dict) -> dict:
     """For each ((q, m), (k, n)) in ``inputs["calls"]``: the dot product of ``obj(q, start_pos=m)``
     and ``obj(k, start_pos=n)`` (one query and one key vector, shape (1, 1, 1, d_head)), as floats."""
@@ -154,6 +170,7 @@ def rope_scores(obj: Any, inputs: dict) -> dict:
 # --- chapter 2 ---
 
 
+@probe
 def module_forward_train_and_eval(obj: Any, inputs: dict) -> dict:
     """Build and load ``obj`` like :func:`module_forward`, then run ``forward`` once in train mode
     (after ``torch.manual_seed(inputs["seed"])``) and once in eval mode; both outputs are returned."""
@@ -189,6 +206,7 @@ class _LargestOutput(TorchDispatchMode):
         return out
 
 
+@probe
 def call_tracking_size(obj: Any, inputs: dict) -> dict:
     """Like :func:`call`; also ``largest``, the element count of the largest tensor an operator made
     during the call (views count too), so that a judge can tell whether the full score matrix was built."""
@@ -204,11 +222,13 @@ def call_tracking_size(obj: Any, inputs: dict) -> dict:
 from autograder.checks.lookup import LookupDecoder  # noqa: E402  (a plain-data decoder the decoding probes build)
 
 
+@probe
 def call_each(obj: Any, inputs: dict) -> dict:
     """:func:`call_or_error` for each ``(args, kwargs)`` pair of ``inputs["calls"]``; ``{"results": [...]}``."""
     return {"results": [call_or_error(obj, {"args": args, "kwargs": kwargs}) for args, kwargs in inputs["calls"]]}
 
 
+@probe
 def module_forward_each(obj: Any, inputs: dict) -> dict:
     """Build and load ``obj`` like :func:`module_forward` (eval mode, no grad), then ``forward(*args)`` for each
     args tuple of ``inputs["calls"]``; ``{"outs": [...]}``."""
@@ -220,6 +240,7 @@ def module_forward_each(obj: Any, inputs: dict) -> dict:
         return {"outs": [module(*args) for args in inputs["calls"]]}
 
 
+@probe
 def scheduler_lrs(obj: Any, inputs: dict) -> dict:
     """An optimizer over one parameter, one param group per lr of ``inputs["lrs"]`` (with the ``initial_lr`` of
     ``inputs["initial_lrs"]`` when given, as an earlier scheduler leaves it); ``obj(optimizer, *args)``;
@@ -243,6 +264,7 @@ def scheduler_lrs(obj: Any, inputs: dict) -> dict:
     return {"lrs": lrs, "error": None}
 
 
+@probe
 def scheduler_factors(obj: Any, inputs: dict) -> dict:
     """An optimizer over one parameter with one group per lr of ``inputs["lrs"]``; ``obj(optimizer, *args,
     **kwargs)``; then the factor its LambdaLR's lambda gives each step of ``inputs["factor_steps"]`` (``lr_lambdas[0]``,
@@ -262,6 +284,7 @@ def scheduler_factors(obj: Any, inputs: dict) -> dict:
     return {"factors": factors, "error": None}
 
 
+@probe
 def search_lookup(obj: Any, inputs: dict) -> dict:
     """Build a :class:`~autograder.checks.lookup.LookupDecoder` from ``inputs["decoder"]`` and call
     ``obj(decoder, *args, **kwargs)``; returns the output and what the decoder was asked: the rows of every
@@ -289,6 +312,7 @@ class _FixedDropout(torch.nn.Module):
         return x * self.mask
 
 
+@probe
 def module_forward_fixed_dropout(obj: Any, inputs: dict) -> dict:
     """Build and load ``obj`` like :func:`module_forward`; replace its dropout modules named in ``inputs["masks"]``
     (``"dropout1"``, ``"feed_forward.dropout"``...) by ones with those fixed masks (None: no dropout), switch off the
@@ -318,6 +342,7 @@ def module_forward_fixed_dropout(obj: Any, inputs: dict) -> dict:
 # --- chapter 5 ---
 
 
+@probe
 def linear_from_conv(obj: Any, inputs: dict) -> dict:
     """Build ``nn.Conv2d`` from ``inputs["weight"]`` (out, in, p, p), ``inputs["bias"]`` (None: no bias) and the
     keyword arguments ``inputs["conv"]`` (kernel_size, stride, ...), call ``obj(conv)``, and return what came back:
@@ -368,6 +393,7 @@ def _raised(call) -> dict | None:
     return None
 
 
+@probe
 def calls_with_dtype(obj: Any, inputs: dict) -> dict:
     """:func:`call_or_error` for each ``(args, kwargs)`` of ``inputs["calls"]``, with ``kwargs["dtype"]`` given by
     name (``"float16"`` -> ``torch.float16``); ``{"results": [...]}``."""
@@ -393,6 +419,7 @@ def _paged_state(cache: Any, pools: list) -> dict:
             "free": [int(b) for b in free] if isinstance(free, (list, tuple)) else None}
 
 
+@probe
 def paged_cache_steps(obj: Any, inputs: dict) -> dict:
     """Build the cache ``obj(*init_args, **init_kwargs)`` (a ``dtype`` given by name), hand out its blocks in the order ``inputs["free"]`` (its
     ``free_blocks`` list), then run ``inputs["ops"]`` in order:
@@ -439,6 +466,7 @@ def _toy(spec: dict) -> ToyLM:
     return ToyLM(spec["tokens"], spec["positions"], spec["out"], spec.get("fail_at", 0))
 
 
+@probe
 def generate_batch_runs(obj: Any, inputs: dict) -> dict:
     """For each of ``inputs["runs"]``: build the toy model ``_toy(run["model"])`` in mode ``run["training"]`` and call
     ``obj(model, prompts, max_new_tokens, **kwargs)`` (with ``generator=torch.Generator().manual_seed(seed)`` when
@@ -461,6 +489,7 @@ def generate_batch_runs(obj: Any, inputs: dict) -> dict:
     return {"runs": runs}
 
 
+@probe
 def speculative_runs(obj: Any, inputs: dict) -> dict:
     """For each of ``inputs["runs"]``: build the toy target and draft (``_toy``), each in mode ``run["training"]``,
     and call ``obj(target, draft, idx, max_new_tokens, **kwargs)`` ``run.get("repeat", 1)`` times, the i-th with
@@ -503,6 +532,4 @@ def _speculative_run(obj: Any, run: dict, global_seed: int) -> dict:
     return {**first, "outs": outs}
 
 
-_PROBES = types.MappingProxyType({name: value for name, value in dict(globals()).items()
-                                  if isinstance(value, types.FunctionType) and not name.startswith("_")
-                                  and name != "execute" and value.__module__ == __name__})
+_PROBES = types.MappingProxyType(dict(_DECLARED))  # read-only once the module is loaded

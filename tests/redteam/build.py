@@ -18,7 +18,7 @@ import nbformat
 from autograder import registry
 
 REPO = Path(__file__).resolve().parents[2]
-CH1 = "01_attention_by_hand"
+CH1 = registry.CHAPTERS[0].id  # "01_attention_by_hand"
 CH1_POINTS = {e.name: e.points for e in registry.get(CH1).exercises}  # follows the registry
 SENTINEL = "REDTEAM-SENTINEL-7f3c9a1e"  # planted in the hidden tests of the source copy the grader uses
 
