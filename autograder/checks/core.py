@@ -562,6 +562,18 @@ def _static_flag(obj: Any, check: Check, answers: tuple[str, ...]) -> str | None
                               answers)
 
 
+def runner(checks_module: str) -> Callable[..., None]:
+    """The ``run`` of a checks module (``run = core.runner(__name__)``): its notebook's entry point."""
+
+    def run_exercise(name: str, obj: Any, *, level: str = "visible", seed: int = 0) -> None:
+        """Check the learner's ``obj`` for exercise ``name``; raises CheckFailed with a hint when wrong."""
+        run(checks_module, name, obj, level=level, seed=seed)
+
+    run_exercise.__name__ = run_exercise.__qualname__ = "run"
+    run_exercise.__module__ = checks_module
+    return run_exercise
+
+
 def run(checks_module: str, name: str, obj: Any, *, level: str = "visible", seed: int = 0, quiet: bool = False) -> None:
     """Check the learner's ``obj`` for exercise ``name`` of ``checks_module`` in this process.
 
