@@ -206,7 +206,7 @@ def test_other_chapters_hidden_checks_and_answers_not_yet_due_never_reach_the_re
 
 
 PROGRESS = re.compile(r"^\[\d+/\d+\] (?P<student>.+?): .*: [\d.]+/[\d.]+ in (?P<seconds>[\d.]+) s"
-                      r"(?: \(static pass (?P<static>[\d.]+) s CPU\))?$")
+                      r"(?: \(static pass (?P<static>[\d.]+) s CPU\))?(?: \(\d+ nbformat warning\(s\) [^)]*\))?$")
 
 
 def _reported(stderr: bytes) -> dict[str, dict[str, float]]:
