@@ -35,7 +35,10 @@ from redteam import hostile
 from autograder import record, registry, sandbox
 
 CH1 = redteam.CH1
-OPTIONS = ("--jobs", "2", "--cell-timeout", "60", "--notebook-timeout", "300", "--chapter", CH1)
+# Every chapter is expected (--chapter each): a chapter given is graded, and one a student lacks is `missing`;
+# the grader grades no chapter it was not given (a notebook of another chapter is set aside, unmatched).
+OPTIONS = ("--jobs", "2", "--cell-timeout", "60", "--notebook-timeout", "300",
+           *(arg for chapter in registry.CHAPTERS for arg in ("--chapter", chapter.id)))
 COURSE_ID = "tdd"
 
 

@@ -192,7 +192,8 @@ def _answers(batch: _Batch, host: dict[str, Path]) -> None:
                  "_json.dumps = _fake\n")
         nb = batch.honest()
         insert_after_imports(nb, patch)
-        batch.add(student.encode(), nb, expect(0, **{ex: "any" for ex in CH1_POINTS}))  # sabotaged every answer
+        # json is put back before every answer is framed (autograder/lockdown.py): the patch changes nothing
+        batch.add(student.encode(), nb, expect())
     # a kernel that stops reading its input, then a large cell is sent: every write has a deadline
     nb = batch.honest()
     insert_after_imports(nb, "import os\n_keep = os.dup(0)\n_r, _w = os.pipe()\nos.dup2(_r, 0)\n")
