@@ -96,7 +96,8 @@ def test_hostile_batch_hidden_student_folder_is_listed_as_skipped(batch):
 
 
 def test_hostile_batch_duplicates_are_reported_not_counted_twice(batch):
-    rows = [r for r in record.read_csv(batch["out"] / "grades.csv") if r["student"] == "dup"]
+    rows = [r for r in record.read_csv(batch["out"] / "grades.csv")  # its chapter 1 (the others are missing)
+            if r["student"] == "dup" and (r["exercise"] in hostile.CH1_POINTS or r["exercise"] == "-")]
     assert sum(float(r["max_points"]) for r in rows) == hostile.FULL
     duplicate = [r for r in rows if r["status"] == "duplicate"]
     assert len(duplicate) == 1 and duplicate[0]["notebook"].endswith("-Copy1.ipynb")
