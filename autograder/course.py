@@ -34,7 +34,7 @@ from pathlib import Path
 import nbformat
 from nbgrader.exchange.default.submit import ExchangeSubmit
 
-from autograder import registry, release
+from autograder import environment, registry, release
 
 DEFAULT_EXCHANGE = Path("/srv/nbgrader/exchange")
 CONFIG_NAME = "nbgrader_config.py"
@@ -187,7 +187,7 @@ def nbgrader_api(root: Path, **overrides):
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config.loader import PyFileConfigLoader
 
-    release.ensure_scripts_on_path()
+    environment.put_scripts_on_path()
     config = PyFileConfigLoader(CONFIG_NAME, path=str(root)).load_config()
     for section, values in overrides.items():
         for key, value in values.items():

@@ -105,7 +105,11 @@ def _is_library(filename: str, _dirs=LIBRARY_DIRS, _isinstance=isinstance, _str=
 
 def install(allowed_setprofile: frozenset) -> None:
     """Lock this interpreter down (see the module docstring). ``allowed_setprofile``: the code objects that may
-    call ``sys.setprofile`` (the guard's own)."""
+    call ``sys.setprofile`` (the guard's own). Anything else is refused before anything is installed: an audit hook
+    cannot be taken back."""
+    if not isinstance(allowed_setprofile, frozenset) or not allowed_setprofile or not all(
+            isinstance(code, types.CodeType) for code in allowed_setprofile):
+        raise TypeError("allowed_setprofile must be a non-empty frozenset of code objects (the guard's own)")
     inside = [False]
 
     def caller(depth, _getframe=sys._getframe):

@@ -75,7 +75,8 @@ COMMANDS = frozenset({
     "autograder.kernel_client", "autograder.merge", "autograder.nbgrader_config", "autograder.plan",
     "autograder.publish", "autograder.record", "autograder.release", "autograder.runner", "autograder.sandbox",
     "autograder.selfcheck", "autograder.shard", "autograder.submissions", "autograder.verdict",
-    "autograder.workspace",
+    "autograder.workspace", "autograder.course", "autograder.engine", "autograder.environment",
+    "autograder.identity", "autograder.limits", "autograder.lockdown", "autograder.protocol", "autograder.results",
 })
 
 

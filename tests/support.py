@@ -113,3 +113,13 @@ def fill_solutions(release, source) -> int:
             cell.source = SOLUTION_MARKERS.sub("", answers[grade_id])
             filled += 1
     return filled
+
+
+def run_coroutine(coroutine):
+    """``asyncio.run(coroutine)`` in a thread of its own: a session fixture of the same test worker (Playwright's
+    sync API) may hold a running event loop in the main thread, where asyncio.run refuses to start."""
+    import asyncio
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()

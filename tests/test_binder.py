@@ -8,10 +8,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -173,7 +173,7 @@ def test_student_config_loads_the_course_lab_extension():
 def test_student_config_validates_as_the_grader_runs_notebooks():
     """nbgrader's Validate in the lab: its kernel starts with TDD_QUICK=1 (short training, as the grader's kernels),
     waits for the kernel in slices, and gives a cell 300 s (nbgrader's default of 30 s stops a training cell)."""
-    import asyncio
+    from support import run_coroutine
 
     from autograder.kernel_client import SlicedKernelManager
     from autograder.lab_validate import ValidateKernelManager
@@ -184,16 +184,16 @@ def test_student_config_validates_as_the_grader_runs_notebooks():
     assert config.Execute.timeout >= 300 and config.Execute.iopub_timeout >= 30
     assert issubclass(ValidateKernelManager, SlicedKernelManager)
     manager = ValidateKernelManager(kernel_name="python3")
-    command, kw = asyncio.run(manager._async_pre_start_kernel(env={"HOME": "/nowhere", QUICK_ENV: "0"}))
+    command, kw = run_coroutine(manager._async_pre_start_kernel(env={"HOME": "/nowhere", QUICK_ENV: "0"}))
     assert kw["env"][QUICK_ENV] == "1" and kw["env"]["HOME"] == "/nowhere" and command
 
 
 def test_browser_steps_wrong_notebook_fails_one_exercise_with_a_hint_wider_than_the_dialog(tmp_path):
     """tests/browser_steps.py validates a chapter-1 notebook that is finished but for softmax: its softmax fails
     the check with a hint of more than 150 characters (one line, that the dialog must wrap)."""
+    import browser_steps
     import nbformat
 
-    import browser_steps
     from autograder import registry
     from autograder.checks import attention
     from autograder.checks.core import CheckFailed

@@ -146,7 +146,14 @@ def _save_and_count_widget_outputs(page, path: Path) -> int:
     deadline = time.monotonic() + 30
     while path.stat().st_mtime_ns == before and time.monotonic() < deadline:
         page.wait_for_timeout(300)
-    nb = nbformat.read(path, as_version=4)
+    while True:  # the server may be caught between truncating the file and writing it
+        try:
+            nb = nbformat.read(path, as_version=4)
+            break
+        except (nbformat.reader.NotJSONError, ValueError):
+            if time.monotonic() > deadline:
+                raise
+            page.wait_for_timeout(300)
     return sum(WIDGET_MIME in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
 
 

@@ -17,10 +17,15 @@ import zmq
 import zmq.asyncio
 from jupyter_client.session import Session
 from nbclient import NotebookClient
+from support import run_coroutine
 from traitlets.config import Config
 
 from autograder import kernel_client
-from autograder.kernel_client import SlicedChannel, SlicedKernelClient, SlicedKernelManager
+from autograder.kernel_client import (
+    SlicedChannel,
+    SlicedKernelClient,
+    SlicedKernelManager,
+)
 
 
 async def _wait(channel_class, timeout: float, send: bool, name: str) -> tuple[float, object]:
@@ -52,23 +57,14 @@ async def _wait(channel_class, timeout: float, send: bool, name: str) -> tuple[f
     return elapsed, result
 
 
-def _run(coroutine):
-    """``asyncio.run`` in a thread of its own: a session fixture of the same test worker (Playwright's sync API)
-    may hold a running event loop in the main thread, where asyncio.run refuses to start."""
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
-
-
 def test_a_reply_whose_wake_up_was_lost_is_read_within_a_slice_not_at_the_timeout():
-    elapsed, msg = _run(_wait(SlicedChannel, timeout=60, send=True, name="lost"))
+    elapsed, msg = run_coroutine(_wait(SlicedChannel, timeout=60, send=True, name="lost"))
     assert isinstance(msg, dict) and msg["msg_type"] == "execute_reply", msg
     assert elapsed < kernel_client.SLICE + 10, f"{elapsed:.1f} s: the reply waited for the timeout"
 
 
 def test_no_reply_still_times_out_at_the_deadline_not_before():
-    elapsed, result = _run(_wait(SlicedChannel, timeout=2.5, send=False, name="none"))
+    elapsed, result = run_coroutine(_wait(SlicedChannel, timeout=2.5, send=False, name="none"))
     assert isinstance(result, Empty)
     assert 2.4 < elapsed < 20, elapsed
 
