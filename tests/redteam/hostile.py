@@ -20,6 +20,7 @@ from redteam.build import (
     CH1_POINTS,
     WRONG_PADDING,
     insert_after_imports,
+    release,
     set_cell,
     solved,
 )
@@ -144,19 +145,24 @@ def _files_and_paths(batch: _Batch, host: dict[str, Path]) -> None:
 
 
 def _names(batch: _Batch, host: dict[str, Path]) -> None:
-    """Any bytes; shown escaped, one-to-one, never as a formula or a terminal command."""
-    add, honest = batch.add, batch.honest
-    add(b"stud\xffent", honest(), expect(), display="stud\\xffent")
-    add(b"eve\rmallory", honest(), expect(), display="eve\\x0dmallory")
-    add(b"=HYPERLINK(\"x\")", honest(), expect())
-    add(b"+1", honest(), expect())
-    add(b"@SUM(A1)", honest(), expect())
-    add(b"a b", honest(), expect())
-    nb = honest()
+    """Any bytes; shown escaped, one-to-one, never as a formula or a terminal command. The notebooks are the
+    untouched release (graded in seconds: what is tested here is the name, not the answers)."""
+    add, none = batch.add, expect(0, **{ex: "missing" for ex in CH1_POINTS})
+
+    def untouched():
+        return release(CH1)
+
+    add(b"stud\xffent", untouched(), none, display="stud\\xffent")
+    add(b"eve\rmallory", untouched(), none, display="eve\\x0dmallory")
+    add(b"=HYPERLINK(\"x\")", untouched(), none)
+    add(b"+1", untouched(), none)
+    add(b"@SUM(A1)", untouched(), none)
+    add(b"a b", batch.honest(), expect())
+    nb = batch.honest()
     set_cell(nb, "padding_mask_solution", WRONG_PADDING)
     add(b"a_b", nb, expect(padding_mask="failed"))  # "a b" and "a_b" must not share a feedback page
-    add(b"n" * 240, honest(), expect())
-    add(b"\x1b]52;c;aGVsbG8=\x07clip", honest(), expect(), display="\\x1b]52;c;aGVsbG8=\\x07clip")
+    add(b"n" * 240, untouched(), none)
+    add(b"\x1b]52;c;aGVsbG8=\x07clip", untouched(), none, display="\\x1b]52;c;aGVsbG8=\\x07clip")
 
 
 def _one_notebook_per_chapter(batch: _Batch, host: dict[str, Path]) -> None:
