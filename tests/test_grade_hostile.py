@@ -278,3 +278,12 @@ def test_selfcheck_killed_while_its_notebook_stalls_leaves_no_runner(tmp_path):
     while (_runner_pids() & mine) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not (_runner_pids() & mine), "the kernel outlived the killed self-check"
+
+
+def test_hostile_batch_nbformat_warnings_are_counted_on_the_notebooks_line(batch):
+    """dup_ids has two cells with one id: nbformat warns while reading it; the grader says so once, on that
+    notebook's progress line, and prints none of nbformat's own warnings."""
+    lines = batch["result"].stderr.decode(errors="replace").splitlines()
+    (dup,) = [line for line in lines if PROGRESS.match(line) and PROGRESS.match(line)["student"] == "dup_ids"]
+    assert "(1 nbformat warning(s) while reading it" in dup, dup
+    assert [line for line in lines if "nbformat" in line.lower() and not PROGRESS.match(line)] == []

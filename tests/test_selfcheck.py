@@ -86,3 +86,23 @@ def test_selfcheck_a_failure_of_the_checker_itself_is_one_line(tmp_path, monkeyp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: the self-check failed on this notebook (RecursionError)")
     assert "\x1b" not in err
+
+
+@pytest.mark.slow
+def test_selfcheck_keeps_its_timeout_on_a_kernel_that_stops_reading_its_input(tmp_path, capsys):
+    """A notebook that points the kernel's stdin at an empty pipe, then has a large cell: `check --timeout 5`
+    gives up on it within its own limits (6 × the timeout for the whole check), it does not hang."""
+    import time
+
+    nb = redteam.solved(redteam.CH1, SOURCE)
+    redteam.insert_after_imports(nb, "import os\n_keep = os.dup(0)\n_r, _w = os.pipe()\nos.dup2(_r, 0)\n")
+    redteam.set_cell(nb, "padding_mask_solution", "# " + "x" * 300_000 + "\ndef padding_mask(tokens, pad_id):\n"
+                     "    return (tokens != pad_id)[:, None, None, :]\n")
+    path = tmp_path / f"{redteam.CH1}.ipynb"
+    nbformat.write(nb, path)
+    started = time.monotonic()
+    code, out, err = cli(capsys, "check", path, "--timeout", "5")
+    took = time.monotonic() - started
+    assert took < 6 * 5 + 120, f"check took {took:.0f} s with --timeout 5"  # 120 s: kernels starting on a busy machine
+    assert "visible score:" in out or "timeout" in (out + err).lower() or "took longer" in (out + err), out + err
+    assert "visible score: 13/13" not in out

@@ -107,7 +107,7 @@ def build(root: Path, source_dir: Path, host: dict[str, Path]) -> dict[str, dict
     batch = _Batch(subs, Path(source_dir))
     batch.add(b"control", batch.honest(), expect())
     for section in (_files_and_paths, _names, _one_notebook_per_chapter, _statuses, _answers, _sandbox,
-                    _static_pass, _dodges, _lockdown):
+                    _static_pass, _dodges, _lockdown, _caps):
         section(batch, host)
     return batch.out
 
@@ -340,3 +340,34 @@ def _lockdown(batch: _Batch, host: dict[str, Path]) -> None:
              "    out = (e / e.sum(axis=-1, keepdims=True)) @ vn\n"
              "    return torch.from_numpy(out).to(q.dtype)\n")
     batch.add(b"numpy_tiled", nb, expect(tiled_attention="any"))
+
+
+def _caps(batch: _Batch, host: dict[str, Path]) -> None:
+    """What one file can cost the grader, and what one student can change for the others: caps checked on the
+    raw bytes before parsing, nbformat's warnings counted, a chapter taken from the assignment folder."""
+    invalid = expect(0, **{ex: "invalid" for ex in CH1_POINTS})
+    nb = batch.honest()  # 50,000 empty cells: refused at once, not run until the notebook's time is up
+    nb.cells += [nbformat.v4.new_code_cell("") for _ in range(50_000)]
+    batch.add(b"many_cells", nb, invalid)
+    nb = batch.honest()  # 300,000 empty JSON objects in the metadata: refused before parsing
+    nb.metadata["bomb"] = [{}] * 300_000
+    batch.add(b"containers_bomb", nb, invalid)
+    nb = batch.honest()  # 1,500 raw cells: never run, and cheap to read
+    nb.cells += [nbformat.v4.new_raw_cell(f"raw {i}") for i in range(1_500)]
+    batch.add(b"raw_cells", nb, expect())
+    nb = nbformat.writes(batch.honest())  # two cells with one id: nbformat warns; graded all the same
+    data = __import__("json").loads(nb)
+    ids = [c["id"] for c in data["cells"]]
+    data["cells"][1]["id"] = ids[0]
+    path = Path(os.fsdecode(bytes(batch.subs) + b"/dup_ids")) / NB
+    path.parent.mkdir(parents=True)
+    path.write_text(__import__("json").dumps(data))
+    batch.out["dup_ids"] = expect()
+    # a notebook named after chapter 6 in a chapter-1 assignment folder: invalid for that student alone (the
+    # others owe what the instructor gave with --chapter, nothing more)
+    folder = Path(os.fsdecode(bytes(batch.subs) + b"/wrong_folder")) / CH1
+    folder.mkdir(parents=True)
+    nbformat.write(batch.honest(), folder / "06_kv_cache_inference.ipynb")
+    batch.out["wrong_folder"] = invalid  # charged to the folder's assignment, chapter 1
+    batch.padding("import torch\nreturn torch.empty(0, 2**40, 2**40, dtype=torch.bool)",
+                  expect(padding_mask="any"), "absurd_shape", in_function=True)
