@@ -222,6 +222,15 @@ def _refusal(locked: _Locked) -> str | None:
     return None
 
 
+def _load_native_libraries() -> None:
+    """Load, before the lockdown refuses ``ctypes``, the native libraries the chapters import: torchvision loads
+    its C++ operators through ctypes (chapter 5's first cell failed with "torchvision::nms does not exist")."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception:  # noqa: BLE001 — not installed: the chapters that need it say so in their own cells
+        pass
+
+
 def _serve(answer_fd: int, shell, wire, execute, sign, report, locked_factory) -> int:
     main_pid, getpid, exit_now = os.getpid(), os.getpid, os._exit
     send, read_exact, run_cell = _send, _read_exact, _run_cell
@@ -291,6 +300,7 @@ def main() -> int:
     report = _reporter(config.get("violations_fd"))
 
     def locked_factory():
+        _load_native_libraries()
         locked = _Locked(lockdown, guard)
         lockdown.install(frozenset({guard.watched.__code__}))
         for name in [m for m in sys.modules if m == "autograder" or m.startswith("autograder.")]:

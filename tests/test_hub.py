@@ -466,6 +466,15 @@ print(json.dumps(result))
 @pytest.mark.subprocess
 @pytest.mark.timeout(1200)  # a safety net for a loaded machine; the budget (3 minutes) is measured, not asserted
 def test_hub_fetch_submit_collect_grade_feedback_in_a_browser(hub):
+    import concurrent.futures
+
+    # In a thread of its own: Playwright's sync API refuses to start where an event loop runs, and the session's
+    # browser fixture (tests/conftest.py) may hold one in this worker's main thread.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(_hub_in_a_browser, hub).result()
+
+
+def _hub_in_a_browser(hub):
     from playwright.sync_api import sync_playwright
 
     names, course, exchange = hub["names"], hub["course"], hub["exchange"]

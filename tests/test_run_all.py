@@ -21,7 +21,7 @@ import support
 from support import sandboxed
 
 from autograder import registry
-from autograder.release import RUN_ALL_TAG
+from autograder.registry import RUN_ALL_TAG
 
 CHAPTERS = [c for c in registry.CHAPTERS if c.release_path().is_file()]
 pytestmark = pytest.mark.skipif(not CHAPTERS, reason="no chapter released in course/")
