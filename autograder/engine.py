@@ -238,15 +238,28 @@ def run_jobs(jobs: list[Job], cfg: Settings, on_result) -> None:
     When a worker process dies (the pool breaks), the notebooks then in flight are graded again, each alone
     in a pool of its own: the one that breaks that pool too is charged (error rows), the others are graded
     as if nothing happened. A broken pool never stops the batch.
+
+    A result marked ``retry`` (a kernel that could not start within its limits, the grader's own failure) is
+    not reported at once: its notebook is graded once more, alone, after every other notebook (on a loaded
+    machine the start can miss its limit once), and that second result is reported, ``retry`` or not.
     """
     global _WORKER_SETTINGS_ARG
     _WORKER_SETTINGS_ARG = cfg
     queue = list(reversed(jobs))
     suspects: list[Job] = []  # in flight when a pool broke: graded again one at a time
+    again: list[Job] = []  # a first result said "retry": graded again, alone, at the end
+
+    def deliver(job: Job, res: dict) -> None:
+        if res.get("retry") and job not in again:
+            again.append(job)
+            res.pop("timing", None)
+            return
+        on_result(res)
+
     while queue or suspects:
         if suspects:
             job = suspects.pop()
-            on_result(_alone(job, cfg))
+            on_result(_alone(job, cfg))  # already alone: its result stands
             continue
         with _pool(min(cfg.jobs, len(queue))) as pool:
             flight: dict[cf.Future, Job] = {}
@@ -265,15 +278,20 @@ def run_jobs(jobs: list[Job], cfg: Settings, on_result) -> None:
                 for fut in done:
                     job = flight.pop(fut)
                     try:
-                        on_result(fut.result())
+                        res = fut.result()
                     except BrokenProcessPool:
                         suspects.append(job)
                         broken = True
                     except Exception as err:  # noqa: BLE001 — never lose the batch for one notebook
-                        on_result(results.grader_failure(job.student, job.submission, job.chapter, job.sha256, err))
+                        deliver(job, results.grader_failure(job.student, job.submission, job.chapter, job.sha256,
+                                                            err))
+                    else:
+                        deliver(job, res)
             if broken:
                 suspects += list(flight.values())  # every notebook in flight at the break, and only those
                 pool.shutdown(wait=False, cancel_futures=True)
+    for job in again:
+        on_result(_alone(job, cfg))
 
 
 def _alone(job: Job, cfg: Settings) -> dict:

@@ -222,13 +222,22 @@ def _refusal(locked: _Locked) -> str | None:
     return None
 
 
-def _load_native_libraries() -> None:
-    """Load, before the lockdown refuses ``ctypes``, the native libraries the chapters import: torchvision loads
-    its C++ operators through ctypes (chapter 5's first cell failed with "torchvision::nms does not exist")."""
-    try:
-        import torchvision  # noqa: F401
-    except Exception:  # noqa: BLE001 — not installed: the chapters that need it say so in their own cells
-        pass
+# Packages that load native libraries through ctypes when imported, which the lockdown refuses: they are imported
+# before it, when the notebook's code or the chapter's checks name them (sandbox.Runner.preload). torchvision
+# loads its C++ operators so (chapter 5's first cell failed with "torchvision::nms does not exist"); importing
+# it costs as much as importing PyTorch, so a notebook that never names it does not pay for it.
+NATIVE_LIBRARIES = ("torchvision",)
+
+
+def _load_native_libraries(names) -> None:
+    import importlib
+
+    for name in names if isinstance(names, list) else ():
+        if name in NATIVE_LIBRARIES:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 — not installed: the chapters that need it say so in their own cells
+                pass
 
 
 def _serve(answer_fd: int, shell, wire, execute, sign, report, locked_factory) -> int:
@@ -300,7 +309,7 @@ def main() -> int:
     report = _reporter(config.get("violations_fd"))
 
     def locked_factory():
-        _load_native_libraries()
+        _load_native_libraries(config.get("preload"))
         locked = _Locked(lockdown, guard)
         lockdown.install(frozenset({guard.watched.__code__}))
         for name in [m for m in sys.modules if m == "autograder" or m.startswith("autograder.")]:

@@ -337,6 +337,7 @@ class Runner:
     hide: list[Path] = field(default_factory=list)
     level: str = field(default_factory=detect)
     unprivileged: bool = True  # drop to an unprivileged uid when root (False only for the learner's self-check)
+    preload: tuple[str, ...] = ()  # native libraries to load before the lockdown (runner.NATIVE_LIBRARIES)
     proc: subprocess.Popen | None = None
     output: bytearray = field(default_factory=bytearray)
     _output_total: int = 0
@@ -375,7 +376,7 @@ class Runner:
         rlimits = {"RLIMIT_AS": self.limits.memory_bytes, "RLIMIT_FSIZE": self.limits.file_bytes,
                    "RLIMIT_NPROC": self.limits.processes, "RLIMIT_CPU": self.limits.cpu_seconds, "RLIMIT_CORE": 0}
         config = json.dumps({"rlimits": rlimits, "uid": uid, "cwd": cwd, "violations_fd": self._violations_child,
-                             "parent": None if self.level != "none" else os.getpid()})
+                             "parent": None if self.level != "none" else os.getpid(), "preload": list(self.preload)})
         runner = [sys.executable, "-I", "-m", "autograder.runner", config]
         env = environment.kernel(home=cwd)
         if self.level == "bwrap":

@@ -269,10 +269,11 @@ class Session:
 
 
 def fresh_seeds(level: str):
-    """The grader's seeds: 0 for the visible level (as the notebook), else three fresh random ones per case."""
+    """The grader's seeds: 0 for the visible level (as the notebook), else ``case.seeds`` (three) fresh random ones
+    per case."""
     if level == "visible":
         return lambda case: [0]
-    return lambda case: [secrets.randbits(62) for _ in range(3)]
+    return lambda case: [secrets.randbits(62) for _ in range(case.seeds)]
 
 
 def judge(chapter: registry.Chapter, session: Session, flags: dict[str, str | None],
@@ -334,6 +335,15 @@ def _syntax_error_for(target: str, syntax: dict[int, str], cells: list[tuple[int
 # --- all steps -------------------------------------------------------------------------
 
 
+def preloads(chapter: registry.Chapter, cells) -> tuple[str, ...]:
+    """The packages of ``runner.NATIVE_LIBRARIES`` that the cells to run or the chapter's checks name."""
+    from autograder.runner import NATIVE_LIBRARIES
+
+    checks = chapter.checks_file()
+    texts = [src for _, src in cells] + ([Path(checks).read_text(errors="replace")] if checks else [])
+    return tuple(name for name in NATIVE_LIBRARIES if any(name in text for text in texts))
+
+
 def grade_notebook(data: bytes, chapter: registry.Chapter, *, level: str = "hidden",
                    limits: sandbox.Limits = sandbox.Limits(), hide: list[Path] = (),
                    isolation: str | None = None, unprivileged: bool = True,
@@ -362,7 +372,7 @@ def grade_notebook(data: bytes, chapter: registry.Chapter, *, level: str = "hidd
     if timing is not None:
         timing["static_cpu_seconds"] = time.process_time() - started
     runner = sandbox.Runner(limits, hide=list(hide) + sandbox.hidden_paths(chapter), unprivileged=unprivileged,
-                            **({"level": isolation} if isolation else {}))
+                            preload=preloads(chapter, cells), **({"level": isolation} if isolation else {}))
     session = Session(runner, cells, limits, deadline)
     try:
         session.boot()

@@ -40,7 +40,18 @@ def test_grade_redteam_exact_scores(grading_batch):
     assert not wrong, "\n".join(wrong)
     students = {sub.split("/")[0] for sub in grading_batch.redteam}
     theirs = {notebook for notebook in got if notebook.split("/")[0] in students}
-    assert theirs == set(grading_batch.redteam)  # every red-team notebook has rows, and nothing else of theirs
+    # The batch owes every chapter (--chapter for each), so a student who submitted only chapter 1 also has a
+    # "missing" row for each chapter they did not submit, named <student>/<chapter>.ipynb, and nothing else.
+    chapter_of = {ex.name: ch for ch in registry.ids() for ex in registry.get(ch).exercises}
+    submitted = {(row["notebook"].split("/")[0], chapter_of[row["exercise"]]) for row in rows
+                 if row["notebook"] in grading_batch.redteam and row["exercise"] in chapter_of}
+    unsubmitted = theirs - set(grading_batch.redteam)
+    for notebook in unsubmitted:
+        student, name = notebook.split("/", 1)
+        chapter = name.removesuffix(".ipynb")
+        assert chapter in registry.ids() and (student, chapter) not in submitted, notebook
+        assert {r["status"] for r in rows if r["notebook"] == notebook} == {"missing"}, notebook
+    assert theirs - unsubmitted == set(grading_batch.redteam)  # every red-team notebook has rows
 
 
 @sandboxed

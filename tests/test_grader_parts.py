@@ -683,6 +683,37 @@ def test_reap_without_a_sandbox_kills_a_sleeper_and_a_process_that_keeps_moving(
         runner.close()
 
 
+
+def test_preloads_follow_what_the_notebook_and_the_checks_name():
+    """torchvision (imported through ctypes, which the lockdown refuses) is loaded before the lockdown only where
+    the cells or the chapter's checks name it: chapter 5, or any notebook that imports it; never in the others,
+    where importing it would double each kernel's start."""
+    from autograder import verdict
+
+    first, fifth = registry.CHAPTERS[0], registry.get("05_vision_transformer")
+    cells_of = {ch.id: [(i, c["source"]) for i, c in enumerate(json.loads(ch.release_path().read_text())["cells"])
+                        if c["cell_type"] == "code"] for ch in (first, fifth)}
+    assert verdict.preloads(first, cells_of[first.id]) == ()
+    assert verdict.preloads(fifth, cells_of[fifth.id]) == ("torchvision",)
+    assert verdict.preloads(first, [*cells_of[first.id], (99, "from torchvision import ops")]) == ("torchvision",)
+
+
+@pytest.mark.subprocess
+def test_runner_preloads_torchvision_only_when_asked_and_it_then_works_after_the_lockdown():
+    for preload in ((), ("torchvision",)):
+        runner = sandbox.Runner(sandbox.Limits(cell_seconds=60), level="none", unprivileged=False, preload=preload)
+        runner.start()
+        try:
+            loaded = runner.request({"op": "cell", "source": "import sys\nassert 'torchvision' in sys.modules"}, 60)
+            assert loaded["ok"] is bool(preload), loaded
+            if preload:
+                nms = runner.request({"op": "cell", "source": "import torch, torchvision\n"
+                                      "torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5)"}, 60)
+                assert nms["ok"] is True, nms
+        finally:
+            runner.close()
+
+
 def test_kernel_that_cannot_start_is_started_once_and_every_exercise_says_why(monkeypatch):
     """A memory limit no kernel can work in (issue 8: "a clear status in under 10 s"): one start, not a
     retry loop until the notebook's deadline; it gives up before loading PyTorch, so within a fraction
@@ -787,6 +818,48 @@ def test_run_jobs_charges_a_dead_worker_to_the_notebook_that_killed_it(tmp_path)
             assert all("the grading worker died on it" in reason for reason in reasons), reasons
         else:
             assert not any("worker died" in reason for reason in reasons), reasons
+
+
+
+@pytest.mark.slow
+def test_run_jobs_grades_a_kernel_that_could_not_start_once_more_alone_at_the_end(tmp_path):
+    """A result marked retry (here: a kernel that could not start, the first time only) is not reported; its
+    notebook is graded again after the others, alone, and only that result is reported. A notebook that fails
+    to start twice is reported with its second result, still marked retry."""
+    from autograder import engine
+
+    root = tmp_path / "subs"
+    jobs = []
+    for student in ("a", "b", "c"):
+        _touch(root / student / NB)
+        jobs.append(engine.Job(student, f"{student}/{NB}", f"{student}/{NB}".encode(), CH1.id, "0" * 64,
+                               str(tmp_path / f"{student}.json")))
+    cfg = _settings(root, tmp_path, jobs=2, max_bytes=10**6, course_dir=tmp_path / "course")
+    log = tmp_path / "log"
+    real_grade_job = engine.grade_job
+
+    def grade_job(job, cfg):
+        tries = sum(1 for line in log.read_text().splitlines() if line == job.student) if log.exists() else 0
+        with log.open("a") as f:
+            f.write(job.student + "\n")
+        could_not_start = job.student == "c" or (job.student == "a" and tries == 0)
+        rows = [{"exercise": ex.name, "points": 0 if could_not_start else ex.points, "max_points": ex.points,
+                 "status": "crashed" if could_not_start else "passed",
+                 "reason": "the kernel could not start: busy" if could_not_start else ""} for ex in CH1.exercises]
+        return {**results.result(job.student, job.submission, job.chapter, rows, job.sha256,
+                                 retry=could_not_start), "timing": {"seconds": 0.0}}
+
+    got = []
+    engine.grade_job, engine.MP_CONTEXT = grade_job, "fork"
+    try:
+        engine.run_jobs(jobs, cfg, got.append)
+    finally:
+        engine.grade_job, engine.MP_CONTEXT = real_grade_job, "forkserver"
+    assert [r["student"] for r in got] == ["b", "a", "c"]  # each once; the retried ones after the others
+    assert log.read_text().splitlines().count("a") == 2 and log.read_text().splitlines().count("c") == 2
+    by = {r["student"]: r for r in got}
+    assert {row["status"] for row in by["a"]["rows"]} == {"passed"} and by["a"]["retry"] is False
+    assert {row["status"] for row in by["c"]["rows"]} == {"crashed"} and by["c"]["retry"] is True
 
 
 # --- the grader's command line on wrong input ------------------------------------------------------

@@ -96,6 +96,8 @@ def test_mutants_mostly_caught_by_visible_checks(chapter):
 def test_reference_passes_hidden_checks(chapter, exercise):
     check = chapter.load_checks()[exercise.name]
     # The reference is the library's answer, so only the PyTorch rule applies to it, not "do not call the library".
+    # A case drawn with one seed (a memory bound on a large input: its property does not depend on the values)
+    # is tried on three, the others on all of SEEDS.
     verdict = core.judge_check(check, core.local_probe(exercise.load_reference(), check.forbidden),
-                               lambda case: SEEDS, level="hidden")
+                               lambda case: SEEDS if case.seeds > 1 else SEEDS[:3], level="hidden")
     assert verdict.passed, f"{exercise.reference}: {verdict.reason}"

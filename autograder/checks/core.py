@@ -67,6 +67,9 @@ class Case:
     # A bound on memory, whatever library the code uses: (bytes the call may add to the process's peak resident
     # memory, the hint when it adds more), measured from outside the learner's code (see peak_growth).
     memory: tuple[int, str] | None = None
+    # Seeds at the hidden level (fresh ones in the grader): three, so that a lucky input passes no wrong answer;
+    # one for a case whose property does not depend on the values drawn (a memory bound on a large input).
+    seeds: int = 3
 
 
 @dataclass(frozen=True)
@@ -546,8 +549,8 @@ def _verdict(status_: str, case: Case, message: str, hidden: bool, *learners: st
 
 
 def notebook_seeds(level: str, seed: int) -> Callable[[Case], list[int]]:
-    """Seeds of a notebook check: one for the visible cases, three for the hidden ones."""
-    return lambda case: [seed] if level == "visible" else [seed, seed + 1, seed + 2]
+    """Seeds of a notebook check: one for the visible cases, ``case.seeds`` (three) for the hidden ones."""
+    return lambda case: [seed] if level == "visible" else [seed + i for i in range(case.seeds)]
 
 
 def _static_flag(obj: Any, check: Check, answers: tuple[str, ...]) -> str | None:
