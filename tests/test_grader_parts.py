@@ -448,6 +448,30 @@ def test_guard_flags_a_softmax_that_switches_it_off(dodge):
     assert sys.getprofile() is None  # the guard's hook is gone afterwards
 
 
+def test_guard_names_a_torchscript_delegation_for_what_it_is():
+    """A softmax delegated to a TorchScript function: flagged, and the reason says TorchScript (a scripted
+    function's call is not a C call the hook sees; PyTorch's own code then runs with the modes off their
+    stacks, which must not read as "switches off the checks' watch")."""
+    import linecache
+    import warnings
+
+    from autograder.checks import guard
+
+    source = ("import torch\n@torch.jit.script\ndef _sm(x: torch.Tensor, dim: int) -> torch.Tensor:\n"
+              "    return torch.softmax(x, dim)\ndef softmax(x, dim=-1):\n    return _sm(x, dim)\n")
+    filename = "<ipython-input-7-torchscript>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # as IPython keeps a cell
+    namespace = {"__name__": "__main__"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script is deprecated; still there to dodge with
+        exec(compile(source, filename, "exec"), namespace)
+    check = registry.get(CH1.id).load_checks()["softmax"]
+    verdict = core.judge_check(check, core.local_probe(namespace["softmax"], check.forbidden),
+                               lambda case: [0], level="visible")
+    assert verdict.status == "flagged" and guard.TORCHSCRIPT in verdict.reason, verdict
+    assert "switches off" not in verdict.reason, verdict
+
+
 def test_guard_passes_an_honest_softmax_written_in_a_notebook_cell():
     check = registry.get(CH1.id).load_checks()["softmax"]
     honest = _learner_softmax("def softmax(x, dim=-1):\n    e = (x - x.amax(dim, keepdim=True)).exp()\n"

@@ -227,6 +227,20 @@ def _watch(forbidden: tuple[str, ...], answer_files: tuple[str, ...], report, _t
         return _state["inside_operators"] > 0 or (dispatch_depth() >= operators
                                                   and dispatch_at(operators - 1) is modes[1] and not excluded(_key))
 
+    def scripted(frame, _scripted=_SCRIPTED, _isinstance=isinstance, _get=dict.get, _dict=dict, _type=type):
+        """Whether ``frame`` names a TorchScript function among its globals or locals: a call to one is no
+        ``c_call`` (it is an object's call), so PyTorch's own Python code, which it runs with the modes off
+        their stacks, is the first thing the hook sees of it."""
+        if frame is None or not _scripted:
+            return False
+        code, found = frame.f_code, frame.f_globals
+        local = frame.f_locals
+        for name in code.co_names + code.co_varnames:
+            if _isinstance(_get(found, name), _scripted) or (_type(local) is _dict
+                                                              and _isinstance(_get(local, name), _scripted)):
+                return True
+        return False
+
     def learners(frame, _cache=learner_files, _dirs=_LIBRARY_DIRS, _range=range):
         """Whether ``frame`` runs the learner's code: not Python's, an installed library's or ours (by its file,
         as written: a path that climbs out of a folder is the learner's). Code made from a string (``exec``,
@@ -244,6 +258,7 @@ def _watch(forbidden: tuple[str, ...], answer_files: tuple[str, ...], report, _t
         return known
 
     def profile(frame, event, arg, _state=state, _note=note, _learners=learners, _in_place=in_place,
+                _scripted_in=scripted,
                 _forbidden=forbidden_name, _is_torch=_is_torch, _dotted=dotted, _answers=answers,
                 _dict_get=dict.get, _sep=os.sep, _switches=_SWITCHES, _elsewhere=_ELSEWHERE, _signals=_SIGNALS,
                 _scripted=_SCRIPTED, _isinstance=isinstance, _getattr=getattr, _str=str, _Exception=Exception,
@@ -287,7 +302,8 @@ def _watch(forbidden: tuple[str, ...], answer_files: tuple[str, ...], report, _t
             called_from_c = c_calls and c_calls[-1] is caller  # PyTorch calling back into Python while it dispatches
             if (not _state["backward"] and code not in _handlers and not _in_place()
                     and (_learners(frame) or (caller is not None and not called_from_c and _learners(caller)))):
-                _note(OFF)  # the learner's code runs, or calls a library's, with the guard off
+                # the learner's code runs, or calls a library's, with the guard off; or it called TorchScript
+                _note(TORCHSCRIPT if _scripted_in(caller) or _scripted_in(frame) else OFF)
             filename = code.co_filename
             for module in _dotted.get(code.co_name, ()):
                 # its module's function, or a copy of its code (same file) under other globals
