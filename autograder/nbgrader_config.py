@@ -7,18 +7,13 @@ gradebook) copy this file into your own course directory and copy the chapters
 of ``autograder/source/`` into its ``source/`` folder.
 """
 
-import os
-import sys
-
-from autograder import limits
+from autograder import environment, limits
 
 c = get_config()  # noqa: F821 (provided by traitlets when nbgrader loads this file)
 
 # nbgrader makes a new gradebook by running `alembic`, which it looks for on PATH: put this Python's
 # scripts first, so that `.venv/bin/nbgrader ...` works without activating the virtual environment.
-_scripts = os.path.dirname(sys.executable)
-if _scripts not in os.environ.get("PATH", "").split(os.pathsep):
-    os.environ["PATH"] = _scripts + os.pathsep + os.environ.get("PATH", "")
+environment.put_scripts_on_path()
 
 c.CourseDirectory.course_id = "transformer-deep-dive"
 c.CourseDirectory.source_directory = "source"

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import nbformat
 
+from autograder import environment
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 from redteam import build as redteam  # noqa: E402
@@ -48,7 +50,8 @@ def plain_nbgrader(tmp: Path, n: int) -> float:
     course = tmp / "nbgrader_course"
     shutil.copytree(SOURCE / redteam.CH1, course / "source" / redteam.CH1)
     shutil.copy(REPO / "autograder" / "nbgrader_config.py", course / "nbgrader_config.py")
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = dict(os.environ)
+    environment.put_scripts_on_path(env)  # nbgrader runs alembic by name
     nbg = [sys.executable, "-m", "nbgrader"]
     subprocess.run(nbg + ["generate_assignment", redteam.CH1, "--create", "--force"], cwd=course, check=True, env=env,
                    capture_output=True)
