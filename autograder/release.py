@@ -8,7 +8,7 @@ its own gradebook; only ``course/NN_name/`` is written in the repository.
 
 Two things are added to what nbgrader writes:
 
-* every graded test cell is tagged with the registry's Run All tag (``raises-exception``), so that JupyterLab's
+* every graded test cell is tagged with the registry's Run All tag (``registry.RUN_ALL_TAG``), so that JupyterLab's
   "Run All" goes on past an exercise that is not done yet (its test cell shows one
   red line) to the widgets and plots below; nbgrader still scores the cell 0, since
   it grades on the error in the cell's output, not on the tag;

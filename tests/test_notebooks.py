@@ -21,6 +21,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 import support
+from notebook_properties_ch45 import SOLVED_LINES, solved_source_problems, untouched_release_problems
 from support import nbgrader_meta, solution_sources
 
 from autograder import registry, release
@@ -110,6 +111,16 @@ def test_release_stubs_fail_only_in_test_cells(nbgrader_course, chapter):
             if out.get("output_type") == "error":
                 assert len(out["traceback"]) == 1 and "✗" in out["traceback"][0], out["traceback"]
                 assert "not done yet" in out["traceback"][0]
+
+
+@pytest.mark.parametrize("chapter", [c for c in CHAPTERS if c in SOLVED_LINES])
+def test_executed_chapter_prints_what_it_measures_and_shows_its_widgets(nbgrader_course, chapter):
+    """The same two runs: the solved notebook prints each measured section's line (computed by the run) and
+    waits for nothing; the untouched release prints what needs no exercise, and each widget says what it waits
+    for (tests/notebook_properties_ch45.py)."""
+    graded = nbgrader_course.autograded(chapter)
+    assert solved_source_problems(chapter, graded.notebook("filled")) == []
+    assert untouched_release_problems(chapter, graded.notebook("untouched")) == []
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)

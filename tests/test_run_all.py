@@ -1,6 +1,6 @@
 """Run All on a chapter nobody has started runs every cell, and still scores 0.
 
-The release tags each graded test cell `raises-exception`: JupyterLab's Run All (the browser
+The release tags each graded test cell with the registry's Run All tag (`RUN_ALL_TAG`): JupyterLab's Run All (the browser
 test runs it for real, on every chapter), nbclient and nbconvert then go on past that cell's error.
 nbgrader grades a test cell by the error in its output, not by its tags, and `autograder grade`
 never reads the notebook's test cells at all: an unfinished exercise still scores 0 in both.
