@@ -187,6 +187,8 @@ def _grade_one(job: Job, cfg: Settings, timing: dict) -> dict:
     except (Exception, RecursionError) as err:  # noqa: BLE001 — the grader's own failure: this notebook only
         return results.grader_failure(job.student, job.submission, job.chapter, digest, err)
     retry = any(r["status"] == status.CRASHED and "could not start" in r["reason"] for r in rows)
+    if any(sandbox.NO_START_IN_MEMORY in r["reason"] for r in rows):
+        timing["no_retry_now"] = True  # it will not start in this run either (a larger --memory-gb may)
     out = results.result(job.student, job.submission, job.chapter, rows, digest, retry=retry)
     if not retry:
         state_file = Path(job.state_file) if digest == job.sha256 else \
@@ -250,7 +252,7 @@ def run_jobs(jobs: list[Job], cfg: Settings, on_result) -> None:
     again: list[Job] = []  # a first result said "retry": graded again, alone, at the end
 
     def deliver(job: Job, res: dict) -> None:
-        if res.get("retry") and job not in again:
+        if res.get("retry") and not (res.get("timing") or {}).get("no_retry_now") and job not in again:
             again.append(job)
             res.pop("timing", None)
             return

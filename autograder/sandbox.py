@@ -329,6 +329,10 @@ def _stopped_or_gone(pid: int) -> bool:
 _START_FAILURES: dict[tuple, str] = {}
 
 
+# Why a kernel could not start, when it never will within these limits (a later try is no use).
+NO_START_IN_MEMORY = "it cannot work within the memory limit"
+
+
 @dataclass
 class Runner:
     """One sandboxed runner process; :meth:`start` (again after a kill), :meth:`request`, :meth:`close`."""
@@ -427,7 +431,7 @@ class Runner:
             self.kill()
             why = str(ready.get("error", ""))[:200]
             if ready.get("kind") == Failed.MEMORY:
-                why = (f"it cannot work within the memory limit of {self.limits.memory_bytes / 2**30:g} GB "
+                why = (f"{NO_START_IN_MEMORY} of {self.limits.memory_bytes / 2**30:g} GB "
                        "(address space; PyTorch alone maps about 3.5 GB): raise --memory-gb")
                 _START_FAILURES[self._start_key()] = why
             raise RunnerDied(Died.START, f"the kernel could not start: {why}")

@@ -6,6 +6,7 @@ Each test names the attack class of docs/grading.md's threat model it covers.
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import os
 import stat
@@ -278,9 +279,19 @@ def test_honesty_pass_is_linear_in_the_cell_size():
         return "def padding_mask(tokens, pad_id):\n" + "    x = (tokens + 1) * 2 - tokens.sum()\n" * n + "    return x\n"
 
     def seconds(n: int) -> float:
-        started = time.process_time()
-        honesty.delegation([cell(n)], "padding_mask", ("*softmax*",), ("solutions.attention",))
-        return time.process_time() - started
+        """The least CPU time of three passes, the collector off (as timeit does): on a busy machine one pass can
+        be slowed by what runs beside it, and the collector's full passes grow with everything alive."""
+        source = cell(n)
+        best = float("inf")
+        gc.disable()
+        try:
+            for _ in range(3):
+                started = time.process_time()
+                honesty.delegation([source], "padding_mask", ("*softmax*",), ("solutions.attention",))
+                best = min(best, time.process_time() - started)
+        finally:
+            gc.enable()
+        return best
 
     small, large = seconds(1000), seconds(8000)  # about 40 KB and 320 KB
     assert large < 20 * max(small, 0.01), (small, large)  # 8x the size: far below the 64x of a quadratic pass
@@ -849,41 +860,48 @@ def test_run_jobs_charges_a_dead_worker_to_the_notebook_that_killed_it(tmp_path)
 def test_run_jobs_grades_a_kernel_that_could_not_start_once_more_alone_at_the_end(tmp_path):
     """A result marked retry (here: a kernel that could not start, the first time only) is not reported; its
     notebook is graded again after the others, alone, and only that result is reported. A notebook that fails
-    to start twice is reported with its second result, still marked retry."""
-    from autograder import engine
+    to start twice is reported with its second result, still marked retry; one whose kernel cannot work within
+    the memory limit is not tried again in this run (it is still marked retry: a rerun with more memory grades
+    it)."""
+    from autograder import engine, verdict
 
     root = tmp_path / "subs"
     jobs = []
-    for student in ("a", "b", "c"):
-        _touch(root / student / NB)
+    for student in ("a", "b", "c", "m"):
+        _touch(root / student / NB, student.encode())  # the stand-in below reads who it grades from the bytes
         jobs.append(engine.Job(student, f"{student}/{NB}", f"{student}/{NB}".encode(), CH1.id, "0" * 64,
                                str(tmp_path / f"{student}.json")))
     cfg = _settings(root, tmp_path, jobs=2, max_bytes=10**6, course_dir=tmp_path / "course")
+    (tmp_path / "state").mkdir()
     log = tmp_path / "log"
-    real_grade_job = engine.grade_job
+    real = verdict.grade_notebook
 
-    def grade_job(job, cfg):
-        tries = sum(1 for line in log.read_text().splitlines() if line == job.student) if log.exists() else 0
+    def grade_notebook(data, chapter, **kwargs):
+        student = data.decode()
+        tries = log.read_text().splitlines().count(student) if log.exists() else 0
         with log.open("a") as f:
-            f.write(job.student + "\n")
-        could_not_start = job.student == "c" or (job.student == "a" and tries == 0)
-        rows = [{"exercise": ex.name, "points": 0 if could_not_start else ex.points, "max_points": ex.points,
-                 "status": "crashed" if could_not_start else "passed",
-                 "reason": "the kernel could not start: busy" if could_not_start else ""} for ex in CH1.exercises]
-        return {**results.result(job.student, job.submission, job.chapter, rows, job.sha256,
-                                 retry=could_not_start), "timing": {"seconds": 0.0}}
+            f.write(student + "\n")
+        if student == "m":
+            return results.rows_for_all(chapter, "crashed", f"the kernel could not start: {sandbox.NO_START_IN_MEMORY}"
+                                                            " of 1 GB")
+        if student == "c" or (student == "a" and tries == 0):
+            return results.rows_for_all(chapter, "crashed", "the kernel could not start: it took longer than 60 s")
+        return [results.row(ex, "passed", "") for ex in chapter.exercises]
 
     got = []
-    engine.grade_job, engine.MP_CONTEXT = grade_job, "fork"
+    verdict.grade_notebook, engine.MP_CONTEXT = grade_notebook, "fork"  # the workers see the stand-in
     try:
         engine.run_jobs(jobs, cfg, got.append)
     finally:
-        engine.grade_job, engine.MP_CONTEXT = real_grade_job, "forkserver"
-    assert [r["student"] for r in got] == ["b", "a", "c"]  # each once; the retried ones after the others
-    assert log.read_text().splitlines().count("a") == 2 and log.read_text().splitlines().count("c") == 2
+        verdict.grade_notebook, engine.MP_CONTEXT = real, "forkserver"
+    order = [r["student"] for r in got]
+    assert sorted(order[:2]) == ["b", "m"] and order[2:] == ["a", "c"], order  # the retried ones after the others
+    tries = log.read_text().splitlines()
+    assert [tries.count(s) for s in ("a", "b", "c", "m")] == [2, 1, 2, 1], tries
     by = {r["student"]: r for r in got}
     assert {row["status"] for row in by["a"]["rows"]} == {"passed"} and by["a"]["retry"] is False
     assert {row["status"] for row in by["c"]["rows"]} == {"crashed"} and by["c"]["retry"] is True
+    assert {row["status"] for row in by["m"]["rows"]} == {"crashed"} and by["m"]["retry"] is True
 
 
 # --- the grader's command line on wrong input ------------------------------------------------------
