@@ -61,6 +61,17 @@ def _widgets(nb) -> int:
                if o.get("output_type") in ("execute_result", "display_data"))
 
 
+def _raised(cell, error: dict) -> str:
+    return f"cell {cell.get('id')} raised {error.get('ename')}: {error.get('evalue')}"[:300]
+
+
+def _missing(nb, code: list, lines: tuple[str, ...]) -> list[str]:
+    """The expected lines that no code cell prints, and a missing widget."""
+    everything = "".join(_text(c) for c in code)
+    problems = [f"nothing prints {line!r}" for line in lines if line not in everything]
+    return problems + (["no widget is displayed"] if _widgets(nb) < 1 else [])
+
+
 def untouched_release_problems(chapter_id: str, nb) -> list[str]:
     """An executed untouched release: only its graded test cells raise, each saying "not done yet"; no cell prints the
     old per-cell notice; a widget is displayed (what it waits for shows inside it: the browser test reads that); the cells that need no exercise print
@@ -70,16 +81,12 @@ def untouched_release_problems(chapter_id: str, nb) -> list[str]:
     for cell in code:
         errors, text = _errors(cell), _text(cell)
         if errors and not is_test_cell(cell):
-            problems.append(f"cell {cell.get('id')} raised {errors[0].get('ename')}: {errors[0].get('evalue')}"[:300])
+            problems.append(_raised(cell, errors[0]))
         if is_test_cell(cell) and (not errors or "not done yet" not in text):
             problems.append(f"test cell {cell.get('id')} does not say 'not done yet'")
         if OLD_NOTICE in text:
             problems.append(f"cell {cell.get('id')} prints the per-cell notice {OLD_NOTICE!r}")
-    everything = "".join(_text(c) for c in code)
-    problems += [f"nothing prints {line!r}" for line in UNTOUCHED_LINES[chapter_id] if line not in everything]
-    if _widgets(nb) < 1:
-        problems.append("no widget is displayed")
-    return problems
+    return problems + _missing(nb, code, UNTOUCHED_LINES[chapter_id])
 
 
 def solved_source_problems(chapter_id: str, nb) -> list[str]:
@@ -90,11 +97,7 @@ def solved_source_problems(chapter_id: str, nb) -> list[str]:
     for cell in code:
         errors = _errors(cell)
         if errors:
-            problems.append(f"cell {cell.get('id')} raised {errors[0].get('ename')}: {errors[0].get('evalue')}"[:300])
+            problems.append(_raised(cell, errors[0]))
         if OLD_NOTICE in _text(cell) or WAITING in _text(cell):
             problems.append(f"cell {cell.get('id')} still waits for an exercise: {_text(cell)[:120]!r}")
-    everything = "".join(_text(c) for c in code)
-    problems += [f"nothing prints {line!r}" for line in SOLVED_LINES[chapter_id] if line not in everything]
-    if _widgets(nb) < 1:
-        problems.append("no widget is displayed")
-    return problems
+    return problems + _missing(nb, code, SOLVED_LINES[chapter_id])

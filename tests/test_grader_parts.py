@@ -816,6 +816,35 @@ def test_grade_job_a_grader_failure_is_that_notebooks_error_rows_and_not_cached(
     assert list((tmp_path / "state").iterdir()) == []  # graded again next run
 
 
+def _jobs(root: Path, tmp_path: Path, students: str) -> list:
+    """One chapter-1 job per student (a letter each), whose file holds the student's name: a stand-in grader
+    can read who it grades."""
+    from autograder import engine
+
+    jobs = []
+    for student in students:
+        _touch(root / student / NB, student.encode())
+        jobs.append(engine.Job(student, f"{student}/{NB}", f"{student}/{NB}".encode(), CH1.id, "0" * 64,
+                               str(tmp_path / f"{student}.json")))
+    return jobs
+
+
+def _run_jobs_with(module, name: str, stand_in, jobs: list, cfg) -> list:
+    """``engine.run_jobs`` with ``module.name`` replaced by ``stand_in`` in its workers (forked, so that they see
+    it); the results in the order they were reported."""
+    from autograder import engine
+
+    got, real = [], getattr(module, name)
+    setattr(module, name, stand_in)
+    engine.MP_CONTEXT = "fork"
+    try:
+        engine.run_jobs(jobs, cfg, got.append)
+    finally:
+        setattr(module, name, real)
+        engine.MP_CONTEXT = "forkserver"
+    return got
+
+
 @pytest.mark.slow
 def test_run_jobs_charges_a_dead_worker_to_the_notebook_that_killed_it(tmp_path):
     """Two notebooks kill their grading worker, two are honest, two jobs at a time: a broken pool is retried one
@@ -825,11 +854,7 @@ def test_run_jobs_charges_a_dead_worker_to_the_notebook_that_killed_it(tmp_path)
     from autograder import engine
 
     root = tmp_path / "subs"
-    jobs = []
-    for student in ("a", "b", "c", "d"):
-        _touch(root / student / NB)
-        jobs.append(engine.Job(student, f"{student}/{NB}", f"{student}/{NB}".encode(), CH1.id, "0" * 64,
-                               str(tmp_path / f"{student}.json")))
+    jobs = _jobs(root, tmp_path, "abcd")
     killers = {"a", "c"}
     cfg = _settings(root, tmp_path, jobs=2, max_bytes=10**6, course_dir=tmp_path / "course")
     real_grade_job = engine.grade_job
@@ -839,12 +864,7 @@ def test_run_jobs_charges_a_dead_worker_to_the_notebook_that_killed_it(tmp_path)
             os._exit(3)
         return real_grade_job(job, cfg)
 
-    results = []
-    engine.grade_job, engine.MP_CONTEXT = grade_job, "fork"  # the workers see the stand-in
-    try:
-        engine.run_jobs(jobs, cfg, results.append)
-    finally:
-        engine.grade_job, engine.MP_CONTEXT = real_grade_job, "forkserver"
+    results = _run_jobs_with(engine, "grade_job", grade_job, jobs, cfg)
     assert sorted(r["student"] for r in results) == ["a", "b", "c", "d"]
     for r in results:
         reasons = {row["reason"] for row in r["rows"]}
@@ -855,7 +875,6 @@ def test_run_jobs_charges_a_dead_worker_to_the_notebook_that_killed_it(tmp_path)
             assert not any("worker died" in reason for reason in reasons), reasons
 
 
-
 @pytest.mark.slow
 def test_run_jobs_grades_a_kernel_that_could_not_start_once_more_alone_at_the_end(tmp_path):
     """A result marked retry (here: a kernel that could not start, the first time only) is not reported; its
@@ -863,18 +882,13 @@ def test_run_jobs_grades_a_kernel_that_could_not_start_once_more_alone_at_the_en
     to start twice is reported with its second result, still marked retry; one whose kernel cannot work within
     the memory limit is not tried again in this run (it is still marked retry: a rerun with more memory grades
     it)."""
-    from autograder import engine, verdict
+    from autograder import verdict
 
     root = tmp_path / "subs"
-    jobs = []
-    for student in ("a", "b", "c", "m"):
-        _touch(root / student / NB, student.encode())  # the stand-in below reads who it grades from the bytes
-        jobs.append(engine.Job(student, f"{student}/{NB}", f"{student}/{NB}".encode(), CH1.id, "0" * 64,
-                               str(tmp_path / f"{student}.json")))
+    jobs = _jobs(root, tmp_path, "abcm")
     cfg = _settings(root, tmp_path, jobs=2, max_bytes=10**6, course_dir=tmp_path / "course")
     (tmp_path / "state").mkdir()
     log = tmp_path / "log"
-    real = verdict.grade_notebook
 
     def grade_notebook(data, chapter, **kwargs):
         student = data.decode()
@@ -888,12 +902,7 @@ def test_run_jobs_grades_a_kernel_that_could_not_start_once_more_alone_at_the_en
             return results.rows_for_all(chapter, "crashed", "the kernel could not start: it took longer than 60 s")
         return [results.row(ex, "passed", "") for ex in chapter.exercises]
 
-    got = []
-    verdict.grade_notebook, engine.MP_CONTEXT = grade_notebook, "fork"  # the workers see the stand-in
-    try:
-        engine.run_jobs(jobs, cfg, got.append)
-    finally:
-        verdict.grade_notebook, engine.MP_CONTEXT = real, "forkserver"
+    got = _run_jobs_with(verdict, "grade_notebook", grade_notebook, jobs, cfg)
     order = [r["student"] for r in got]
     assert sorted(order[:2]) == ["b", "m"] and order[2:] == ["a", "c"], order  # the retried ones after the others
     tries = log.read_text().splitlines()
