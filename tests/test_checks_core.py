@@ -65,3 +65,42 @@ def test_stacked_is_one_tensor_and_unstacked_gives_the_tensors_back():
     assert [type(v) for v in table.values()] == [list, torch.Tensor] and table["values"].shape == (2, 2, 3)
     back = core.unstacked(table)
     assert list(back) == ["a", "b"] and all(torch.equal(back[k], tensors[k].double()) for k in tensors)
+
+
+WATCHED_IMPORTS = """
+import sys
+import torch
+from autograder.checks import guard
+from autograder.checks import positional as checks
+real, imported = guard.watched, []
+def spy(function, args, *rest, **kw):
+    before = set(sys.modules)
+    try:
+        return real(function, args, *rest, **kw)
+    finally:
+        imported.extend(sorted(set(sys.modules) - before))
+guard.watched = spy
+def apply_rope_complex(*args, **kwargs):
+    raise NotImplementedError
+try:
+    checks.run("apply_rope_complex", apply_rope_complex)
+except Exception:
+    pass
+print(",".join(imported))
+"""
+
+
+@pytest.mark.subprocess
+def test_a_kernels_first_check_imports_nothing_of_pytorch_under_the_watch():
+    """The guard's profile hook runs on every Python call: a module imported under it runs its whole body
+    through the hook (``torch._dynamo``, which PyTorch imports on the first call of a function it wraps, made
+    the first check of a kernel take 7 s idle, 30 s busy). In a fresh interpreter, as in a kernel, the first
+    check of a chapter imports no PyTorch module (nor sympy, which ``torch._dynamo`` pulls in) while it watches."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", WATCHED_IMPORTS], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = [name for name in done.stdout.strip().split(",") if name]
+    assert [name for name in imported if name.split(".")[0] in ("torch", "sympy")] == [], imported
+    assert len(imported) < 20, imported

@@ -40,8 +40,15 @@ import sys
 import threading
 
 import torch
+import torch._dynamo  # noqa: F401 — see below
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+
+# ``torch._dynamo`` (with ``torch._inductor``) is imported by PyTorch on the first call of a function it wraps
+# with ``_disable_dynamo``, which the first check of every kernel makes (building its inputs). Made under the
+# watch's profile hook, that import ran every line of thousands of module bodies through the hook: the
+# first check took 7 s on an idle machine and 30 s on a busy one, then 0.02 s. Imported here, before any
+# watch, it costs what it costs anywhere (about 2 s), once.
 
 OFF = "switches off the checks' watch on what your code calls, which is not allowed while it is checked"
 AWAY = "starts a thread or a process while it is checked, where the check cannot see what it calls"
