@@ -13,7 +13,12 @@ sentinel planted in their hidden tests, given as ``--source``) and ``root/out/``
 
 ``grade()`` runs ``python -m autograder grade`` once, sandboxed, with two jobs and a CPU-bound process
 beside it (a busy machine: the honest students must still get full marks), then ``autograder feedback``. The
-cell timeout is the grader's default, 60 s (20 s failed honest checks on a busy 2-core CI machine). Each test reads its own students' rows.
+cell timeout is the grader's default, 60 s (20 s failed honest checks on a busy 2-core CI machine). Each test
+reads its own students' rows.
+
+The students who run into a time limit (``SHORT``: two infinite loops and a kernel that stops reading its
+input) are graded at the same time by a second ``grade`` command with short limits (``SHORT_OPTIONS``), from
+``root/short/``: in the main batch they waited out 60 s and 300 s. ``rows()`` reads both CSVs.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,6 +46,11 @@ CH1 = redteam.CH1
 OPTIONS = ("--jobs", "2", "--cell-timeout", "60", "--notebook-timeout", "300",
            *(arg for chapter in registry.CHAPTERS for arg in ("--chapter", chapter.id)))
 COURSE_ID = "tdd"
+# The students that wait out a limit, and the limits they are graded with: what they test is that the limit
+# holds and that the rest of the notebook is graded after it, not its length. Their other cells are cheap
+# (build.BESIDE_ATTACK), far inside 15 s on a busy machine.
+SHORT = ("infinite_loop", "infinite_loop_cell", "stops_reading")
+SHORT_OPTIONS = ("--jobs", "3", "--cell-timeout", "15", "--notebook-timeout", "100", *OPTIONS[6:])
 
 
 def hashes(folder: Path, students: list[str] | None = None) -> dict[str, str]:
@@ -155,6 +166,10 @@ class Batch:
         for chapter in registry.CHAPTERS:
             self._write("release_untouched", chapter.notebook, nbformat.read(chapter.release_path(), as_version=4))
         self._write("fork_bomb_cell", f"{CH1}.ipynb", fork_bomb_notebook())
+        self.short_subs, self.short_out = root / "short" / "submissions", root / "short" / "out"
+        self.short_out.mkdir(parents=True)
+        for student in SHORT:
+            shutil.move(self.subs / student, self.short_subs / student)
         self.class_root = root / "class" / "course" / "submitted"
         nbgrader_collect(root / "class" / "course", root / "class" / "exchange", root / "class" / "home",
                          class_notebooks())
@@ -164,7 +179,9 @@ class Batch:
         self.plain_students = sorted({path.split("/")[0] for path in self.redteam} | set(one_verdict_cases.SUBMISSIONS)
                                      | {"release_untouched", "fork_bomb_cell", *self.class_students})
         self.before = hashes(self.subs, self.plain_students)
+        self.short_before = hashes(self.short_subs)
         self.result: subprocess.CompletedProcess | None = None
+        self.short_result: subprocess.CompletedProcess | None = None
 
     def _write(self, student: str, name: str, nb) -> None:
         path = self.subs / student / name
@@ -176,11 +193,25 @@ class Batch:
                 "--source", str(self.source), "--gradebook", f"sqlite:///{self.out / 'gradebook.db'}", *OPTIONS,
                 *extra]
 
+    def short_command(self) -> list[str]:
+        return [sys.executable, "-m", "autograder", "grade", str(self.short_subs), "--out",
+                str(self.short_out / "grades.csv"), "--source", str(self.source), "--gradebook",
+                f"sqlite:///{self.short_out / 'gradebook.db'}", *SHORT_OPTIONS]
+
     def grade(self) -> None:
-        with support.cpu_burner():
+        with support.cpu_burner(), tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             started = time.monotonic()
-            self.result = subprocess.run(self.command(), capture_output=True, cwd=support.REPO, timeout=3000)
-            self.seconds = time.monotonic() - started
+            short = subprocess.Popen(self.short_command(), stdout=out, stderr=err, cwd=support.REPO)
+            try:
+                self.result = subprocess.run(self.command(), capture_output=True, cwd=support.REPO, timeout=3000)
+                self.seconds = time.monotonic() - started
+                short.wait(timeout=600)
+            finally:
+                short.kill()
+                short.wait()
+            out.seek(0)
+            err.seek(0)
+            self.short_result = subprocess.CompletedProcess(short.args, short.returncode, out.read(), err.read())
         self.feedback = subprocess.run([sys.executable, "-m", "autograder", "feedback", str(self.out / "grades.csv"),
                                         "--out", str(self.out / "feedback")], capture_output=True, cwd=support.REPO,
                                        timeout=300)
@@ -191,10 +222,13 @@ class Batch:
 
     def check(self) -> None:
         assert self.result.returncode == 0, self.stderr[-3000:]
+        assert self.short_result.returncode == 0, self.short_result.stderr.decode(errors="replace")[-3000:]
 
     def rows(self, student: str | None = None) -> list[dict]:
-        rows = record.read_csv(self.out / "grades.csv")
+        """The rows of both commands (the short one's students are ``SHORT``)."""
+        rows = record.read_csv(self.out / "grades.csv") + record.read_csv(self.short_out / "grades.csv")
         return rows if student is None else [r for r in rows if r["student"] == student]
 
     def cleanup(self) -> None:
+        sandbox.remove_tree(self.short_subs)
         sandbox.remove_tree(self.subs)  # its names and depths are hostile to pytest's own cleanup

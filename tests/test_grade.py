@@ -65,6 +65,7 @@ def test_grade_reports_a_syntax_error_as_such_with_its_line(grading_batch):
 def test_grade_leaves_submissions_byte_identical(grading_batch):
     grading_batch.check()
     assert batch_module.hashes(grading_batch.subs, grading_batch.plain_students) == grading_batch.before
+    assert batch_module.hashes(grading_batch.short_subs) == grading_batch.short_before
 
 
 CHAPTER_OF = {exercise.name: chapter.id for chapter in registry.CHAPTERS for exercise in chapter.exercises}

@@ -47,19 +47,22 @@ def _grade(subs: Path, out: Path, *extra: str, timeout: float = 1500) -> subproc
 
 @pytest.fixture()
 def batch(grading_batch):
-    """The hostile students of the session's shared batch (tests/batch.py), in the shape these tests read."""
+    """The hostile students of the session's shared batch (tests/batch.py), in the shape these tests read
+    (``outs`` and ``results``: the main command's and the short-limit one's)."""
     return {"tmp": grading_batch.root, "out": grading_batch.out, "host": grading_batch.host,
             "before": grading_batch.host_before, "expected": grading_batch.hostile, "result": grading_batch.result,
-            "seconds": grading_batch.seconds, "feedback": grading_batch.feedback}
+            "seconds": grading_batch.seconds, "feedback": grading_batch.feedback, "rows": grading_batch.rows(),
+            "outs": [grading_batch.out, grading_batch.short_out],
+            "results": [grading_batch.result, grading_batch.short_result]}
 
 
 def test_hostile_batch_completes(batch):
-    result = batch["result"]
-    assert result.returncode == 0, result.stderr.decode(errors="replace")[-3000:]
+    for result in batch["results"]:
+        assert result.returncode == 0, result.stderr.decode(errors="replace")[-3000:]
 
 
 def test_hostile_batch_exact_points_and_statuses(batch):
-    rows = record.read_csv(batch["out"] / "grades.csv")
+    rows = batch["rows"]
     wrong = []
     for student, want in batch["expected"].items():
         mine = [r for r in rows if r["student"] == student]
@@ -109,16 +112,16 @@ def test_hostile_batch_host_files_keep_owner_mode_and_content(batch):
 
 
 def test_hostile_batch_secret_appears_in_no_output(batch):
-    out = batch["out"]
-    blobs = [batch["result"].stdout, batch["result"].stderr, batch["feedback"].stdout, batch["feedback"].stderr]
-    blobs += [p.read_bytes() for p in out.rglob("*") if p.is_file()]
+    blobs = [blob for result in batch["results"] for blob in (result.stdout, result.stderr)]
+    blobs += [batch["feedback"].stdout, batch["feedback"].stderr]
+    blobs += [p.read_bytes() for out in batch["outs"] for p in out.rglob("*") if p.is_file()]
     assert not any(hostile.SECRET in blob for blob in blobs)
     assert not any(redteam.SENTINEL.encode() in blob for blob in blobs)
 
 
 def test_hostile_batch_output_has_no_terminal_control_bytes(batch):
-    out = batch["out"]
-    for blob in (batch["result"].stdout, batch["result"].stderr, (out / "grades.csv").read_bytes()):
+    blobs = [blob for result in batch["results"] for blob in (result.stdout, result.stderr)]
+    for blob in blobs + [(out / "grades.csv").read_bytes() for out in batch["outs"]]:
         assert b"\x1b" not in blob and b"\x07" not in blob and b"\x9b" not in blob
 
 

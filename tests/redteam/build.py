@@ -20,6 +20,11 @@ from autograder import registry
 REPO = Path(__file__).resolve().parents[2]
 CH1 = registry.CHAPTERS[0].id  # "01_attention_by_hand"
 CH1_POINTS = {e.name: e.points for e in registry.get(CH1).exercises}  # follows the registry
+# What an attack's notebook solves honestly beside its attack: every exercise but tiled_attention, whose
+# checks (an 8,192-key memory case) take about 7 s of a full notebook's 16 s in the grader; the honest
+# students and the controls solve it, and the attacks on it solve it too.
+BESIDE_ATTACK = frozenset(CH1_POINTS) - {"tiled_attention"}
+ATTACK_MISSING = {ex: "missing" for ex in CH1_POINTS if ex not in BESIDE_ATTACK}
 SENTINEL = "REDTEAM-SENTINEL-7f3c9a1e"  # planted in the hidden tests of the source copy the grader uses
 
 # A bracket never closed: graded as an error that says "syntax error" and gives the line, never "not done".
@@ -115,10 +120,16 @@ def build(root: Path, source_dir: Path, chapters: tuple[str, ...] = (CH1,)) -> d
             (path.parent / fname).write_text(text)
         manifest[f"{student}/{name}"] = expected
 
+    def base() -> nbformat.NotebookNode:
+        return solved(CH1, source_dir, BESIDE_ATTACK)
+
     def wrong_padding(**kw) -> nbformat.NotebookNode:
-        nb = solved(CH1, source_dir)
+        nb = base()
         set_cell(nb, "padding_mask_solution", WRONG_PADDING)
         return nb
+
+    def attacked(**changes: str) -> dict:  # the expected rows of an attack's notebook (base())
+        return expect(CH1_POINTS, **ATTACK_MISSING, **changes)
 
     full = expect(CH1_POINTS)
     add("honest", solved(CH1, source_dir), full)
@@ -129,20 +140,20 @@ def build(root: Path, source_dir: Path, chapters: tuple[str, ...] = (CH1,)) -> d
     add("untouched", release(CH1), {ex: [0, "missing"] for ex in CH1_POINTS})
     add("one_solved", solved(CH1, source_dir, only={"softmax"}),
         {ex: ([2, "passed"] if ex == "softmax" else [0, "missing"]) for ex in CH1_POINTS})
-    add("wrong", wrong_padding(), expect(CH1_POINTS, padding_mask="failed"))
-    syntax = solved(CH1, source_dir)
+    add("wrong", wrong_padding(), attacked(padding_mask="failed"))
+    syntax = base()
     set_cell(syntax, "padding_mask_solution", SYNTAX_ERROR_PADDING)
-    add("syntax_error", syntax, expect(CH1_POINTS, padding_mask="error"))
+    add("syntax_error", syntax, attacked(padding_mask="error"))
 
     # --- hostile: each one targets padding_mask (1 point); the rest is solved honestly ---
     def hostile(student: str, cell: str, status: str, *, in_function: bool = False) -> None:
-        nb = solved(CH1, source_dir)
+        nb = base()
         if in_function:  # the learner's function misbehaves when called
             body = "\n".join("    " + line for line in cell.splitlines())
             set_cell(nb, "padding_mask_solution", f"def padding_mask(tokens, pad_id):\n{body}\n")
         else:  # the cell that defines padding_mask misbehaves at top level
             set_cell(nb, "padding_mask_solution", cell, append=True)
-        add(student, nb, expect(CH1_POINTS, padding_mask=status))
+        add(student, nb, attacked(padding_mask=status))
 
     hostile("infinite_loop", "while True:\n    pass", "timeout", in_function=True)
     hostile("infinite_loop_cell", "while True:\n    pass", "timeout")
@@ -162,7 +173,7 @@ def build(root: Path, source_dir: Path, chapters: tuple[str, ...] = (CH1,)) -> d
                              "torch.testing.assert_close = lambda *a, **k: None\n"
                              "numpy.testing.assert_allclose = lambda *a, **k: None\n"
                              "numpy.allclose = lambda *a, **k: True\n")
-    add("comparator_patch", nb, expect(CH1_POINTS, padding_mask="failed"))
+    add("comparator_patch", nb, attacked(padding_mask="failed"))
 
     nb = wrong_padding()
     insert_after_imports(nb, "import builtins\n"
@@ -170,7 +181,7 @@ def build(root: Path, source_dir: Path, chapters: tuple[str, ...] = (CH1,)) -> d
                              "builtins.AssertionError = _Yes\n"
                              "_real_isinstance = builtins.isinstance\n"
                              "builtins.isinstance = lambda obj, cls: True\n")
-    add("builtins_patch", nb, expect(CH1_POINTS, padding_mask="failed"))
+    add("builtins_patch", nb, attacked(padding_mask="failed"))
 
     nb = wrong_padding()
     insert_after_imports(nb, "ip = get_ipython()\n"
@@ -179,9 +190,9 @@ def build(root: Path, source_dir: Path, chapters: tuple[str, ...] = (CH1,)) -> d
                              "ip.input_transformers_post.append(_neuter)\n"
                              "ip.showtraceback = lambda *a, **k: None\n"
                              "ip.run_cell_orig = ip.run_cell\n")
-    add("ipython_hooks", nb, expect(CH1_POINTS, padding_mask="failed"))
+    add("ipython_hooks", nb, attacked(padding_mask="failed"))
 
-    add("shadow_modules", solved(CH1, source_dir), full,
+    add("shadow_modules", base(), attacked(),
         extra={"torch.py": "raise SystemExit('shadowed torch')\n", "numpy.py": "raise SystemExit('shadowed')\n"})
 
     # test cells: edited, deleted, reordered, metadata stripped (and a wrong answer each time)
@@ -189,22 +200,22 @@ def build(root: Path, source_dir: Path, chapters: tuple[str, ...] = (CH1,)) -> d
     for cell in nb.cells:
         if _meta(cell).get("grade") and not _meta(cell).get("solution"):
             cell.source = "print('all tests passed')"
-    add("tests_edited", nb, expect(CH1_POINTS, padding_mask="failed"))
+    add("tests_edited", nb, attacked(padding_mask="failed"))
     nb = wrong_padding()
     nb.cells = [c for c in nb.cells if not (_meta(c).get("grade") and not _meta(c).get("solution"))]
-    add("tests_deleted", nb, expect(CH1_POINTS, padding_mask="failed"))
+    add("tests_deleted", nb, attacked(padding_mask="failed"))
     nb = wrong_padding()
     code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     nb.cells = [nb.cells[i] for i in code[:1]] + [nb.cells[i] for i in reversed(code[1:])]
-    add("tests_reordered", nb, expect(CH1_POINTS, padding_mask="failed"))
+    add("tests_reordered", nb, attacked(padding_mask="failed"))
     nb = wrong_padding()
     for cell in nb.cells:
         cell.metadata.pop("nbgrader", None)
-    add("metadata_stripped", nb, expect(CH1_POINTS, padding_mask="failed"))
+    add("metadata_stripped", nb, attacked(padding_mask="failed"))
 
     invalid = {ex: [0, "invalid"] for ex in CH1_POINTS}
     add("malformed_json", None, invalid, raw=b'{"cells": [ {"cell_type": "code", "source": "x = ')
-    add("wrong_name", solved(CH1, source_dir), {"-": [0, "invalid"]}, name="attention_homework.ipynb")
+    add("wrong_name", base(), {"-": [0, "invalid"]}, name="attention_homework.ipynb")
     # ... and the chapter it should have been shows 0 of its points, never 0/0
     manifest[f"wrong_name/{CH1}.ipynb"] = {ex: [0, "missing"] for ex in CH1_POINTS}
 
@@ -231,7 +242,7 @@ if _found:
 '''
     insert_after_imports(nb, WRONG_PADDING)  # keep the wrong one unless the search succeeds
     set_cell(nb, "padding_mask_solution", search)
-    add("sentinel_search", nb, expect(CH1_POINTS, padding_mask="failed"))
+    add("sentinel_search", nb, attacked(padding_mask="failed"))
 
     nb = wrong_padding()
     other = subs / "honest" / nb_name
@@ -254,15 +265,15 @@ if _ok:
         return (tokens != pad_id)[:, None, None, :]
 '''
     set_cell(nb, "padding_mask_solution", WRONG_PADDING + "\n" + attack)
-    add("write_and_network", nb, expect(CH1_POINTS, padding_mask="failed"))
+    add("write_and_network", nb, attacked(padding_mask="failed"))
 
-    nb = solved(CH1, source_dir)
+    nb = base()
     set_cell(nb, "softmax_solution", "from solutions.attention import softmax\n")
     set_cell(nb, "scaled_dot_product_attention_solution",
              "import torch.nn.functional as F\n"
              "def scaled_dot_product_attention(q, k, v, mask=None):\n"
              "    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), None\n")
-    add("delegation", nb, expect(CH1_POINTS, softmax="flagged", scaled_dot_product_attention="flagged"))
+    add("delegation", nb, attacked(softmax="flagged", scaled_dot_product_attention="flagged"))
     return manifest
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import nbformat
 
 from redteam.build import (
+    ATTACK_MISSING,
+    BESIDE_ATTACK,
     CH1,
     CH1_POINTS,
     WRONG_PADDING,
@@ -31,8 +33,11 @@ DEEP_LEVELS = 1500  # folders above too_deep's notebook: past Python's recursion
 FULL = sum(CH1_POINTS.values())
 
 
-def expect(points: int | None = None, **statuses: str) -> dict:
-    """Full marks except the exercises in ``statuses`` (0 points each), or an explicit total."""
+def expect(points: int | None = None, *, base: bool = True, **statuses: str) -> dict:
+    """Full marks except the exercises in ``statuses`` (0 points each), or an explicit total. ``base``: the
+    notebook is an attack's (:data:`~tests.redteam.build.BESIDE_ATTACK` solved, tiled_attention missing)."""
+    if base:
+        statuses = {**ATTACK_MISSING, **statuses}
     if points is None:
         points = FULL - sum(CH1_POINTS[ex] for ex in statuses)
     return {"points": points, "statuses": {ex: statuses.get(ex, "passed") for ex in CH1_POINTS}}
@@ -85,14 +90,19 @@ class _Batch:
         self.out: dict[str, dict] = {}
 
     def honest(self):
+        """Every exercise solved: the control, and the attacks that need all of them."""
         return solved(CH1, self.source_dir)
+
+    def base(self):
+        """What an attack's notebook solves beside its attack (build.BESIDE_ATTACK)."""
+        return solved(CH1, self.source_dir, BESIDE_ATTACK)
 
     def add(self, student: bytes, nb, expectation: dict, display: str | None = None) -> None:
         _write(self.subs, student, nb)
         self.out[display or student.decode()] = expectation
 
     def padding(self, cell: str, expectation: dict, student: str, *, in_function: bool = False) -> None:
-        nb = self.honest()
+        nb = self.base()
         if in_function:  # the learner's function misbehaves when called
             body = "\n".join("    " + line for line in cell.splitlines())
             set_cell(nb, "padding_mask_solution", f"def padding_mask(tokens, pad_id):\n{body}\n")
@@ -105,7 +115,7 @@ def build(root: Path, source_dir: Path, host: dict[str, Path]) -> dict[str, dict
     subs = Path(root) / "submissions"
     subs.mkdir(parents=True, exist_ok=True)  # the shared batch holds other corpora too (tests/batch.py)
     batch = _Batch(subs, Path(source_dir))
-    batch.add(b"control", batch.honest(), expect())
+    batch.add(b"control", batch.honest(), expect(base=False))
     for section in (_files_and_paths, _names, _one_notebook_per_chapter, _statuses, _answers, _sandbox,
                     _static_pass, _dodges, _lockdown, _caps):
         section(batch, host)
@@ -139,9 +149,9 @@ def _files_and_paths(batch: _Batch, host: dict[str, Path]) -> None:
     with open(subs / "sparse" / NB, "wb") as f:
         f.truncate(100 * 2**30)
     out["sparse"] = invalid
-    _deep_tree(subs / "too_deep", DEEP_LEVELS, batch.honest())  # deep enough to have broken a recursive walk
+    _deep_tree(subs / "too_deep", DEEP_LEVELS, batch.base())  # deep enough to have broken a recursive walk
     out["too_deep"] = expect(0, **{ex: "missing" for ex in CH1_POINTS})
-    _write(subs, b".hidden", batch.honest())  # not graded, and listed as skipped with the reason: not in `out`
+    _write(subs, b".hidden", batch.base())  # not graded, and listed as skipped with the reason: not in `out`
 
 
 def _names(batch: _Batch, host: dict[str, Path]) -> None:
@@ -157,8 +167,8 @@ def _names(batch: _Batch, host: dict[str, Path]) -> None:
     add(b"=HYPERLINK(\"x\")", untouched(), none)
     add(b"+1", untouched(), none)
     add(b"@SUM(A1)", untouched(), none)
-    add(b"a b", batch.honest(), expect())
-    nb = batch.honest()
+    add(b"a b", batch.base(), expect())
+    nb = batch.base()
     set_cell(nb, "padding_mask_solution", WRONG_PADDING)
     add(b"a_b", nb, expect(padding_mask="failed"))  # "a b" and "a_b" must not share a feedback page
     add(b"n" * 240, untouched(), none)
@@ -166,10 +176,10 @@ def _names(batch: _Batch, host: dict[str, Path]) -> None:
 
 
 def _one_notebook_per_chapter(batch: _Batch, host: dict[str, Path]) -> None:
-    _write(batch.subs, b"dup", batch.honest())
-    _write(batch.subs, b"dup/old", batch.honest(), name=f"{CH1}-Copy1.ipynb".encode())
+    _write(batch.subs, b"dup", batch.base())
+    _write(batch.subs, b"dup/old", batch.base(), name=f"{CH1}-Copy1.ipynb".encode())
     batch.out["dup"] = expect()
-    _write(batch.subs, b"renamed", batch.honest(), name=f"{CH1} (1).ipynb".encode())
+    _write(batch.subs, b"renamed", batch.base(), name=f"{CH1} (1).ipynb".encode())
     batch.out["renamed"] = expect()
 
 
@@ -196,12 +206,12 @@ def _answers(batch: _Batch, host: dict[str, Path]) -> None:
                  f"        return {payload}\n"
                  "    return _real(obj, *a, **k)\n"
                  "_json.dumps = _fake\n")
-        nb = batch.honest()
+        nb = batch.base()
         insert_after_imports(nb, patch)
         # json is put back before every answer is framed (autograder/lockdown.py): the patch changes nothing
         batch.add(student.encode(), nb, expect())
     # a kernel that stops reading its input, then a large cell is sent: every write has a deadline
-    nb = batch.honest()
+    nb = batch.base()
     insert_after_imports(nb, "import os\n_keep = os.dup(0)\n_r, _w = os.pipe()\nos.dup2(_r, 0)\n")
     set_cell(nb, "padding_mask_solution", "# " + "x" * 300_000 + "\n" + "def padding_mask(tokens, pad_id):\n"
              "    return (tokens != pad_id)[:, None, None, :]\n")
@@ -213,7 +223,7 @@ def _sandbox(batch: _Batch, host: dict[str, Path]) -> None:
     batch.padding("import os\nos.chdir('/sandbox')\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\n"
                   f"os.symlink({str(host['secret'])!r}, '/sandbox/s')\nos.symlink({str(host['other'])!r}, '/tmp/o')\n"
                   "os._exit(3)", expect(padding_mask="crashed"), "deep_scratch")
-    nb = batch.honest()  # correct only if it could write more than the sandbox's disk cap
+    nb = batch.base()  # correct only if it could write more than the sandbox's disk cap
     set_cell(nb, "padding_mask_solution", WRONG_PADDING + "import os\n_total = 0\nfor _dir in ('/sandbox', '/tmp'):\n"
              "    for _i in range(12):\n        try:\n"
              "            with open(f'{_dir}/f{_i}', 'wb') as _f:\n                _f.write(b'x' * (32 * 2**20))\n"
@@ -227,7 +237,7 @@ def _sandbox(batch: _Batch, host: dict[str, Path]) -> None:
 
 def _static_pass(batch: _Batch, host: dict[str, Path]) -> None:
     """A very large cell (test_hostile_batch_static_pass_on_a_huge_cell_is_quick reads its time)."""
-    nb = batch.honest()
+    nb = batch.base()
     big = "def padding_mask(tokens, pad_id):\n" + "    _x = (tokens + 1) * 2 - 1\n" * 14_000 + \
           "    return (tokens != pad_id)[:, None, None, :]\n"
     set_cell(nb, "padding_mask_solution", big)
@@ -254,7 +264,7 @@ DODGES = {  # student -> (a cell after the imports, the softmax cell)
 def _dodges(batch: _Batch, host: dict[str, Path]) -> None:
     """Delegation dodges the static pass alone would miss; the run-time rule does not."""
     for student, (cell, body) in DODGES.items():
-        nb = batch.honest()
+        nb = batch.base()
         if cell:
             insert_after_imports(nb, cell)
         set_cell(nb, "softmax_solution", body)
@@ -308,16 +318,16 @@ def _lockdown(batch: _Batch, host: dict[str, Path]) -> None:
     """Round 3: the no-delegation rule cannot be switched off from the learner's process; an honest
     autograd.Function is not penalised; tiled_attention's memory rule sees memory numpy holds."""
     for student, (cell, body, outcome) in ROUND3.items():
-        nb = batch.honest()
+        nb = batch.honest() if outcome == "all" else batch.base()  # a thread flags every exercise, answered or not
         if cell:
             insert_after_imports(nb, cell)
         set_cell(nb, "softmax_solution", body)
         if outcome == "all":
-            expectation = expect(0, **{ex: "flagged" for ex in CH1_POINTS})
+            expectation = expect(0, base=False, **{ex: "flagged" for ex in CH1_POINTS})
         else:
             expectation = expect(softmax=outcome, scaled_dot_product_attention=outcome)
         batch.add(student.encode(), nb, expectation)
-    nb = batch.honest()  # an honest softmax written as an autograd.Function: full marks
+    nb = batch.base()  # an honest softmax written as an autograd.Function: full marks
     set_cell(nb, "softmax_solution", "import torch\nclass _Softmax(torch.autograd.Function):\n"
              "    @staticmethod\n    def forward(ctx, x, dim):\n"
              "        e = (x - x.amax(dim=dim, keepdim=True)).exp()\n        y = e / e.sum(dim=dim, keepdim=True)\n"
@@ -339,23 +349,23 @@ def _lockdown(batch: _Batch, host: dict[str, Path]) -> None:
              "    e = np.exp(s - s.max(axis=-1, keepdims=True))\n"
              "    out = (e / e.sum(axis=-1, keepdims=True)) @ vn\n"
              "    return torch.from_numpy(out).to(q.dtype)\n")
-    batch.add(b"numpy_tiled", nb, expect(tiled_attention="any"))
+    batch.add(b"numpy_tiled", nb, expect(base=False, tiled_attention="any"))
 
 
 def _caps(batch: _Batch, host: dict[str, Path]) -> None:
     """What one file can cost the grader, and what one student can change for the others: caps checked on the
     raw bytes before parsing, nbformat's warnings counted, a chapter taken from the assignment folder."""
     invalid = expect(0, **{ex: "invalid" for ex in CH1_POINTS})
-    nb = batch.honest()  # 50,000 empty cells: refused at once, not run until the notebook's time is up
+    nb = batch.base()  # 50,000 empty cells: refused at once, not run until the notebook's time is up
     nb.cells += [nbformat.v4.new_code_cell("") for _ in range(50_000)]
     batch.add(b"many_cells", nb, invalid)
-    nb = batch.honest()  # 300,000 empty JSON objects in the metadata: refused before parsing
+    nb = batch.base()  # 300,000 empty JSON objects in the metadata: refused before parsing
     nb.metadata["bomb"] = [{}] * 300_000
     batch.add(b"containers_bomb", nb, invalid)
-    nb = batch.honest()  # 1,500 raw cells: never run, and cheap to read
+    nb = batch.base()  # 1,500 raw cells: never run, and cheap to read
     nb.cells += [nbformat.v4.new_raw_cell(f"raw {i}") for i in range(1_500)]
     batch.add(b"raw_cells", nb, expect())
-    nb = nbformat.writes(batch.honest())  # two cells with one id: nbformat warns; graded all the same
+    nb = nbformat.writes(batch.base())  # two cells with one id: nbformat warns; graded all the same
     data = __import__("json").loads(nb)
     ids = [c["id"] for c in data["cells"]]
     data["cells"][1]["id"] = ids[0]
@@ -367,7 +377,7 @@ def _caps(batch: _Batch, host: dict[str, Path]) -> None:
     # others owe what the instructor gave with --chapter, nothing more)
     folder = Path(os.fsdecode(bytes(batch.subs) + b"/wrong_folder")) / CH1
     folder.mkdir(parents=True)
-    nbformat.write(batch.honest(), folder / "06_kv_cache_inference.ipynb")
+    nbformat.write(batch.base(), folder / "06_kv_cache_inference.ipynb")
     batch.out["wrong_folder"] = invalid  # charged to the folder's assignment, chapter 1
     batch.padding("import torch\nreturn torch.empty(0, 2**40, 2**40, dtype=torch.bool)",
                   expect(padding_mask="any"), "absurd_shape", in_function=True)
