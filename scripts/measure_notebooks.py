@@ -1,6 +1,6 @@
 """Wall time and peak memory of every chapter notebook on ONE core, against the budget.
 
-    python scripts/measure_notebooks.py [--chapter 01_attention_by_hand] [--release-only | --source-only]
+    python scripts/measure_notebooks.py [--chapter 01_attention_by_hand] [--release-only | --source-only] [--save DIR]
 
 Runs each source notebook (autograder/source/NN_name/NN_name.ipynb) and each
 student release (course/NN_name/NN_name.ipynb, stubs left in: its test cells
@@ -8,6 +8,8 @@ fail with NotImplementedError, the run goes on) in a fresh kernel pinned to CPU 
 with OMP_NUM_THREADS=1 (torch then uses one thread), like Binder's single core.
 Peak RSS is the kernel process's VmHWM from /proc, read just before shutdown.
 Budget (COURSE.md): <= 3 minutes and <= 1.5 GB each. Exit status 1 if any is over.
+``--save DIR`` writes each executed notebook to DIR/NN_name-source.ipynb (or -release): the figures a full
+run printed (accuracies, BLEU, tokens/s) can be read there.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ def peak_rss(pid: int) -> int:
     raise RuntimeError(f"no VmHWM for process {pid}")
 
 
-def measure(path: Path, *, allow_errors: bool) -> tuple[float, int, int]:
-    """(seconds, peak RSS bytes, number of cells that raised) for one notebook."""
+def measure(path: Path, *, allow_errors: bool, save: Path | None = None) -> tuple[float, int, int]:
+    """(seconds, peak RSS bytes, number of cells that raised) for one notebook; the executed notebook is
+    written to ``save`` when given."""
     nb = nbformat.read(path, as_version=4)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MPLBACKEND="Agg")
     with tempfile.TemporaryDirectory() as cwd:
@@ -53,6 +56,9 @@ def measure(path: Path, *, allow_errors: bool) -> tuple[float, int, int]:
             seconds = time.perf_counter() - start
             rss = peak_rss(client.km.provisioner.process.pid)
     errors = sum(o.get("output_type") == "error" for c in nb.cells for o in c.get("outputs", []))
+    if save is not None:
+        save.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, save)
     return seconds, rss, errors
 
 
@@ -62,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--source-only", action="store_true", help="only the source notebooks")
     which.add_argument("--release-only", action="store_true", help="only the student releases")
+    parser.add_argument("--save", type=Path, metavar="DIR", help="write each executed notebook to DIR")
     args = parser.parse_args(argv)
 
     if hasattr(os, "sched_setaffinity"):
@@ -81,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path.parent.name:45s} {kind:8s} missing: {path}")
             over += 1
             continue
-        seconds, rss, errors = measure(path, allow_errors=allow_errors)
+        save = args.save / f"{path.parent.name}-{kind}.ipynb" if args.save else None
+        seconds, rss, errors = measure(path, allow_errors=allow_errors, save=save)
         ok = seconds <= BUDGET_SECONDS and rss <= BUDGET_BYTES and (allow_errors or errors == 0)
         over += not ok
         print(f"{path.parent.name:45s} {kind:8s} {seconds:7.1f}s {rss / 2**20:8.0f} MB {errors:6d}  "
