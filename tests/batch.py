@@ -68,17 +68,19 @@ def fingerprint(path: Path) -> tuple:
 
 def class_notebooks() -> dict[tuple[str, str], list[tuple[str, nbformat.NotebookNode]]]:
     """(student, assignment) -> [(file name, notebook)]: a class worth comparing (passed, failed, missing,
-    a duplicate, two chapters)."""
+    a duplicate, two chapters). Its chapter-1 answers leave tiled_attention out (``redteam.BESIDE_ATTACK``: the
+    class is graded four times, in the batch and in shards, and that exercise's checks are half a notebook's time)."""
     first = registry.get(CH1)
     second = registry.CHAPTERS[1]
-    wrong = redteam.solved(first.id, support.SOURCE)
+    wrong = redteam.solved(first.id, support.SOURCE, redteam.BESIDE_ATTACK)
     redteam.set_cell(wrong, "padding_mask_solution", redteam.WRONG_PADDING)
 
     def solved(ch, only=None):
         return redteam.solved(ch.id, support.SOURCE, only)
 
     return {
-        ("ana", first.id): [(first.notebook, solved(first)), (f"{first.id}-Copy1.ipynb", solved(first, set()))],
+        ("ana", first.id): [(first.notebook, solved(first, redteam.BESIDE_ATTACK)),
+                            (f"{first.id}-Copy1.ipynb", solved(first, set()))],
         ("ana", second.id): [(second.notebook, solved(second))],
         ("ben", first.id): [(first.notebook, solved(first, set()))],
         ("ben", second.id): [(second.notebook, solved(second, {second.exercises[0].name}))],
@@ -138,7 +140,9 @@ def nbgrader_collect(course: Path, exchange: Path, work: Path, notebooks: dict) 
 
 
 def fork_bomb_notebook() -> nbformat.NotebookNode:
-    bomb = redteam.solved(CH1, support.SOURCE)
+    """Chapter 1 as an attack solves it (``redteam.BESIDE_ATTACK``) with fork bombs after the imports and in
+    padding_mask."""
+    bomb = redteam.solved(CH1, support.SOURCE, redteam.BESIDE_ATTACK)
     redteam.insert_after_imports(bomb, "import os\nfor _ in range(3):\n    if os.fork() == 0:\n"
                                        "        while True:\n            try:\n                os.fork()\n"
                                        "            except OSError:\n                pass\n")

@@ -147,15 +147,17 @@ def test_hostile_batch_feedback_for_every_student(batch):
 
 def test_fork_bomb_beside_an_honest_student_on_a_busy_machine(grading_batch):
     """Fork bombs at the top of a notebook and inside padding_mask, graded in the shared batch (two jobs, a
-    CPU-bound process beside it): the bomb loses padding_mask only, and the honest control keeps full marks."""
+    CPU-bound process beside it): the bomb loses padding_mask only (it leaves tiled_attention unanswered, as
+    the attacks do), and the honest control keeps full marks."""
     grading_batch.check()
     ch1 = {exercise.name for exercise in registry.get(CH1).exercises}  # every chapter is expected: the rest missing
     honest = [r for r in grading_batch.rows("control") if r["exercise"] in ch1]
     assert [r["status"] for r in honest] == ["passed"] * len(registry.get(CH1).exercises), honest
     bomb_rows = {r["exercise"]: r["status"] for r in grading_batch.rows("fork_bomb_cell") if r["exercise"] in ch1}
     assert bomb_rows["padding_mask"] != "passed"
-    others = [s for e, s in bomb_rows.items() if e != "padding_mask"]
-    assert others == ["passed"] * (len(registry.get(CH1).exercises) - 1), bomb_rows
+    others = {e: s for e, s in bomb_rows.items() if e != "padding_mask"}  # what it answers beside the bombs
+    assert others == {e: "passed" if e in redteam.BESIDE_ATTACK else "missing" for e in ch1 - {"padding_mask"}}, \
+        bomb_rows
 
 
 def _live_in_namespace(runner: sandbox.Runner) -> list[int]:
