@@ -145,9 +145,17 @@ def start(device: torch.device) -> World:
     return World(rank=rank, size=size, local_rank=local_rank, device=device)
 
 
-def finish(world: World) -> None:
-    """Leave the process group (nothing to do in a world of one)."""
+def finish(world: World, *, completed: bool = True) -> None:
+    """Leave the process group (nothing to do in a world of one).
+
+    After a run that ``completed``, every process first waits for the others (rank 0 evaluates and writes
+    alone): a process that tore its gloo group down and exited while its peer still held the connection was
+    seen to abort ("terminate called without an active exception", SIGABRT) on a busy machine. After an
+    error there is no wait: the other processes may be gone.
+    """
     if world.size > 1 and dist.is_initialized():
+        if completed:
+            dist.barrier()
         dist.destroy_process_group()
 
 

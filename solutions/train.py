@@ -96,6 +96,7 @@ def train(argv: list[str] | None = None) -> dict:
     if args.accumulation_steps < 1:
         raise ValueError(f"--accumulation-steps must be at least 1; got {args.accumulation_steps}")
     args.world = distributed.start(resolve_device(args.device))
+    completed = False
     try:
         args.device = args.world.device
         args.quiet = args.quiet or not args.world.is_main
@@ -105,9 +106,10 @@ def train(argv: list[str] | None = None) -> dict:
         if args.metrics_json is not None and args.world.is_main:
             args.metrics_json.parent.mkdir(parents=True, exist_ok=True)
             args.metrics_json.write_text(json.dumps(metrics, indent=2) + "\n")
+        completed = True
         return metrics
     finally:
-        distributed.finish(args.world)
+        distributed.finish(args.world, completed=completed)
 
 
 def rank_prefix() -> str:
