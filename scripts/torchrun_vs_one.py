@@ -6,7 +6,8 @@ The same global batch, seed and steps both ways, dropout 0 (a dropout mask is ra
 the two processes use gloo, one thread each (``OMP_NUM_THREADS=1``). Prints one row per trainer: the wall time
 of each run (the command, start to exit), the held-out metric each wrote to ``--metrics-json`` and the largest
 absolute difference between the two saved models' weights: outside the attention input projections' biases,
-and inside them (they hold the key bias, whose gradient is rounding noise that Adam scales up to full steps). tests/test_train_ddp.py asserts the equality on shorter runs.
+and inside them (they hold the key bias, whose gradient is rounding noise that Adam scales up to full steps).
+tests/test_train_ddp.py asserts the equality on shorter runs.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-import torch
 
 from solutions.checkpoint import load_checkpoint
 
@@ -77,5 +76,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
     sys.exit(main())
