@@ -40,15 +40,8 @@ import sys
 import threading
 
 import torch
-import torch._dynamo  # noqa: F401 — see below
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-
-# ``torch._dynamo`` (with ``torch._inductor``) is imported by PyTorch on the first call of a function it wraps
-# with ``_disable_dynamo``, which the first check of every kernel makes (building its inputs). Made under the
-# watch's profile hook, that import ran every line of thousands of module bodies through the hook: the
-# first check took 7 s on an idle machine and 30 s on a busy one, then 0.02 s. Imported here, before any
-# watch, it costs what it costs anywhere (about 2 s), once.
 
 OFF = "switches off the checks' watch on what your code calls, which is not allowed while it is checked"
 AWAY = "starts a thread or a process while it is checked, where the check cannot see what it calls"
@@ -153,6 +146,16 @@ class _FunctionLevel(TorchFunctionMode):
 
 
 class _OperatorLevel(TorchDispatchMode):
+    # PyTorch wraps a dispatch mode's ``__torch_dispatch__`` in ``torch._disable_dynamo`` unless the mode says
+    # otherwise here; the wrapper's first call imports ``torch._dynamo`` (with ``torch._inductor`` and sympy,
+    # about 900 modules, 2 s idle and 6 s busy in every kernel). Made under the watch's profile hook, that
+    # import ran every line of those module bodies through the hook (the first check took 7 s idle, 30 s busy).
+    # Nothing is compiled while the guard watches (importing the compiler under the watch is refused), so there
+    # is nothing for that wrapper to disable: no kernel imports the compiler at all.
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None, *, _current=_CURRENT):
         state, check = _current[0]
         state["inside_operators"] += 1
