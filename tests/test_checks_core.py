@@ -67,11 +67,21 @@ def test_stacked_is_one_tensor_and_unstacked_gives_the_tensors_back():
     assert list(back) == ["a", "b"] and all(torch.equal(back[k], tensors[k].double()) for k in tensors)
 
 
+def test_end_aligned_causal_mask_is_pytorchs_causal_lower_right():
+    from torch.nn.attention.bias import causal_lower_right
+
+    for seq_q in range(1, 7):
+        for seq_k in range(1, 7):
+            assert torch.equal(core.end_aligned_causal_mask(seq_q, seq_k),
+                               causal_lower_right(seq_q, seq_k)._materialize()), (seq_q, seq_k)
+
+
 WATCHED_IMPORTS = """
 import sys
 import torch
 from autograder.checks import guard
 from autograder.checks import positional as checks
+from autograder.checks import attention, multihead, encoder_decoder, kv_cache  # chapter 5's imports torchvision
 real, imported = guard.watched, []
 def spy(function, args, *rest, **kw):
     before = set(sys.modules)
@@ -97,7 +107,8 @@ def test_a_kernels_first_check_imports_nothing_of_pytorch_under_the_watch():
     through the hook (``torch._dynamo``, which PyTorch imports on the first call of a function it wraps, made
     the first check of a kernel take 7 s idle, 30 s busy). In a fresh interpreter, as in a kernel, the first
     check of a chapter imports no PyTorch module (nor sympy, which ``torch._dynamo`` pulls in) while it watches,
-    and the kernel never imports ``torch._dynamo`` at all (2 s idle, 6 s busy, in every kernel that checks)."""
+    and the kernel never imports ``torch._dynamo`` at all (2 s idle, 6 s busy, in every kernel that checks), nor
+    does importing the checks of chapters 1–4 and 6 (chapter 5's import torchvision, which imports it)."""
     import subprocess
     import sys
 

@@ -17,8 +17,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from torch.nn.attention.bias import causal_lower_right
-
 from autograder.checks import core
 from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail
 
@@ -268,7 +266,7 @@ def _sdpa_inputs(batch: int, heads: int, seq_q: int, seq_k: int, d_head: int, *,
             q, k = -q.abs() * 150, k.abs() * 150
         m = None
         if mask == "causal":
-            m = causal_lower_right(seq_q, seq_k)._materialize()  # PyTorch's own end-aligned mask
+            m = core.end_aligned_causal_mask(seq_q, seq_k)  # PyTorch's own end-aligned mask (see there)
         elif mask == "padding":
             lengths = torch.randint(1, seq_k + 1, (batch,), generator=gen)
             lengths[0] = max(1, seq_k // 2)

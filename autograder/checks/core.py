@@ -160,6 +160,15 @@ def fail(message: str, *learners: str) -> None:
     raise CheckFailed(message, learners)
 
 
+def end_aligned_causal_mask(seq_q: int, seq_k: int) -> torch.Tensor:
+    """(seq_q, seq_k) bool, True where query i may see key j: the queries are the last seq_q positions of the keys
+    (j <= i + seq_k - seq_q). PyTorch's own ``causal_lower_right(seq_q, seq_k)._materialize()``
+    (``torch.nn.attention.bias``), to which tests/test_checks_core.py compares it; that module is not imported
+    here, since importing it imports ``torch._dynamo`` (about 900 modules, 2 s idle and 6 s busy) in every kernel
+    that checks chapter 1 or 2."""
+    return torch.ones(seq_q, seq_k, dtype=torch.bool).tril(seq_k - seq_q)
+
+
 def expect_close(actual: Any, expected: torch.Tensor, hint: str, *, atol: float = 1e-5, rtol: float = 1e-4) -> None:
     """Fail with ``hint`` unless ``actual`` is a tensor equal to ``expected`` (shape, then values)."""
     if not isinstance(actual, torch.Tensor):

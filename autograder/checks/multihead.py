@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
-from torch.nn.attention.bias import causal_lower_right
 
 from autograder.checks import core
 from autograder.checks.core import (Case, Check, CheckFailed, expect, expect_close, expect_value_error, fail, rand_int,
@@ -213,7 +212,7 @@ def _torch_reference(inputs: dict) -> Tensor:
     kv = x if context is None else context
     attn_mask = None
     if is_causal:  # PyTorch's own end-aligned mask, inverted: here True = NOT allowed
-        attn_mask = ~causal_lower_right(x.shape[1], kv.shape[1])._materialize()
+        attn_mask = ~core.end_aligned_causal_mask(x.shape[1], kv.shape[1])
     key_padding_mask = None if mask is None else ~mask[:, 0, 0, :]
     with torch.no_grad():
         out, _ = module(x, kv, kv, key_padding_mask=key_padding_mask, attn_mask=attn_mask, need_weights=False)
