@@ -92,12 +92,26 @@ def test_mutants_mostly_caught_by_visible_checks(chapter):
         f"{chapter.id}: the visible checks catch {caught} of {len(mutants)} mutants (< 90%); not caught: {missed}")
 
 
-@pytest.mark.parametrize("chapter,exercise", EXERCISES, ids=[f"{c.id}:{e.name}" for c, e in EXERCISES])
-def test_reference_passes_hidden_checks(chapter, exercise):
-    check = chapter.load_checks()[exercise.name]
+def _reference_verdict(exercise, check, seeds: tuple[int, ...], single: tuple[int, ...]):
     # The reference is the library's answer, so only the PyTorch rule applies to it, not "do not call the library".
     # A case drawn with one seed (a memory bound on a large input: its property does not depend on the values)
-    # is tried on three, the others on all of SEEDS.
-    verdict = core.judge_check(check, core.local_probe(exercise.load_reference(), check.forbidden),
-                               lambda case: SEEDS if case.seeds > 1 else SEEDS[:3], level="hidden")
+    # is tried on ``single``, the others on ``seeds``.
+    return core.judge_check(check, core.local_probe(exercise.load_reference(), check.forbidden),
+                            lambda case: seeds if case.seeds > 1 else single, level="hidden")
+
+
+@pytest.mark.parametrize("chapter,exercise", EXERCISES, ids=[f"{c.id}:{e.name}" for c, e in EXERCISES])
+def test_reference_passes_hidden_checks(chapter, exercise):
+    """The inner loop's share of SEEDS: a case on the first three, one drawn with one seed on the first;
+    ``..._on_every_seed`` (make test) tries the rest."""
+    verdict = _reference_verdict(exercise, chapter.load_checks()[exercise.name], SEEDS[:3], SEEDS[:1])
+    assert verdict.passed, f"{exercise.reference}: {verdict.reason}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter,exercise", EXERCISES, ids=[f"{c.id}:{e.name}" for c, e in EXERCISES])
+def test_reference_passes_hidden_checks_on_every_seed(chapter, exercise):
+    """The other 17 of SEEDS (a case drawn with one seed: the second and third): a reference that fails on one
+    seed in twenty would fail a learner's correct answer about once in twenty gradings."""
+    verdict = _reference_verdict(exercise, chapter.load_checks()[exercise.name], SEEDS[3:], SEEDS[1:3])
     assert verdict.passed, f"{exercise.reference}: {verdict.reason}"
