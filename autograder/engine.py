@@ -29,7 +29,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
-from autograder import identity, limits, record, registry, results, sandbox, status, submissions, verdict
+from autograder import identity, limits, record, registry, results, sandbox, status, submissions
 from autograder.record import printable
 
 CSV_EVERY_SECONDS = 10.0
@@ -181,6 +181,10 @@ def _grade_one(job: Job, cfg: Settings, timing: dict) -> dict:
     except submissions.Unreadable as err:
         return results.of_chapter(job.student, job.submission, job.chapter, status.INVALID,
                                   f"the file cannot be graded: {err}", job.sha256)
+    # Imported where a notebook is graded, in the workers (the server they fork from loads it first, ``_pool``):
+    # it loads PyTorch, which `plan`, `merge` and the grading command's own process never need.
+    from autograder import verdict
+
     try:
         rows = verdict.grade_notebook(data, chapter, limits=cfg.limits, hide=[Path(p) for p in cfg.hide],
                                       course_dir=cfg.course_dir, timing=timing)
@@ -230,7 +234,9 @@ _WORKER_SETTINGS_ARG: Settings | None = None
 
 
 def _pool(workers: int) -> cf.ProcessPoolExecutor:
-    return cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(MP_CONTEXT),
+    context = multiprocessing.get_context(MP_CONTEXT)
+    context.set_forkserver_preload(["autograder.verdict"])  # PyTorch loaded once, in the server, not per worker
+    return cf.ProcessPoolExecutor(max_workers=workers, mp_context=context,
                                   initializer=_init_worker, initargs=(_WORKER_SETTINGS_ARG,))
 
 

@@ -21,7 +21,6 @@ import pytest
 import support
 import torch
 from support import nbgrader_meta as _meta
-from support import solution_sources
 
 from autograder import registry
 
@@ -46,6 +45,8 @@ def _group(item) -> str | None:
         return f"course-{chapter}"
     if "learner_runs" in names:
         return "learner"
+    if names & {"edition", "default_edition"}:  # tests/editions.py: built once per test process
+        return "edition"
     return None
 
 
@@ -112,8 +113,9 @@ class NbgraderCourse:
     """One nbgrader course directory for the session. ``autograded(chapter)`` generates the chapter and grades
     its students with ``nbgrader autograde`` (once), then reads the results:
 
-    * ``filled`` — the release with every solution cell taken from the source: the source notebook run top to
-      bottom (autograde puts the hidden tests back);
+    * ``filled`` — the release with every solution cell taken from the source (without nbgrader's solution
+      markers, as a learner's answers): the source notebook run top to bottom (autograde puts the hidden tests
+      back); the same notebook as the one-verdict ``ov_honest`` of chapter 1, which reads its verdict;
     * ``untouched`` — the release as learners get it;
     * ``one`` — the release with only the first exercise solved;
     * the one-verdict students of the chapter (``tests/one_verdict_cases.py``).
@@ -136,10 +138,12 @@ class NbgraderCourse:
 
     def students(self, chapter: str) -> dict[str, nbformat.NotebookNode]:
         import one_verdict_cases
+        from redteam import build as redteam
 
         ch = registry.get(chapter)
         released = nbformat.read(self.release(chapter) / ch.notebook, as_version=4)
-        answers = solution_sources(nbformat.read(ch.source_path(support.SOURCE), as_version=4))
+        # the answers as a learner would have typed them: no solution markers (as the red-team's notebooks)
+        answers = redteam.solutions_of(chapter, support.SOURCE)
         first = f"{ch.exercises[0].name}_solution"
         out = {}
         for student in ("filled", "untouched", "one"):
@@ -150,7 +154,8 @@ class NbgraderCourse:
                     cell.source = answers[gid]
             out[student] = nb
         for student in one_verdict_cases.of_chapter(chapter):
-            out[student] = one_verdict_cases.submission(student)
+            if one_verdict_cases.run_by(student, "nbgrader") == student:
+                out[student] = one_verdict_cases.submission(student)
         return out
 
     def autograded(self, chapter: str) -> "Autograded":

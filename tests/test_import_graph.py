@@ -98,3 +98,32 @@ def test_grade_is_a_command_and_nobodys_library():
     importers = sorted(name for name, imported in graph.items() if "autograder.grade" in imported)
     assert importers in ([], ["autograder.__main__"]), importers
     assert "autograder.engine" in graph["autograder.grade"]
+
+
+COMMAND_IMPORTS = """
+import contextlib, io, json, runpy, sys
+sys.argv = ["autograder", *json.loads(sys.argv[1]), "--help"]
+with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
+    runpy.run_module("autograder", run_name="__main__", alter_sys=True)
+print(json.dumps({name: name in sys.modules for name in ("torch", "nbgrader")}))
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("command,loads", [
+    ([], set()), (["feedback"], set()), (["publish"], set()), (["workspace"], set()), (["release"], set()),
+    (["plan"], set()), (["merge"], set()), (["grade"], set()),  # its workers load PyTorch, not the command
+    (["check"], {"torch"}), (["course"], {"nbgrader"}),
+])
+def test_a_command_loads_only_what_it_uses(command, loads):
+    """`python -m autograder CMD` imports CMD's module alone: importing every command loaded PyTorch and nbgrader
+    (seconds of start-up, hundreds of times in a test run) for `feedback --help` too."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", COMMAND_IMPORTS, json.dumps(command)], capture_output=True,
+                          text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = {name for name, present in json.loads(done.stdout.strip().splitlines()[-1]).items() if present}
+    assert loaded == loads, (command, loaded)
