@@ -93,3 +93,14 @@ def submission(student: str) -> nbformat.NotebookNode:
 
 def of_chapter(chapter: str) -> list[str]:
     return [student for student, (ch, _) in SUBMISSIONS.items() if ch == chapter]
+
+
+# A submission that is, byte for byte, a notebook another corpus of the same session run already holds is not
+# run again: its verdict is read from that notebook's run (tests/test_one_verdict.py checks the two are equal).
+# ``ov_honest`` is chapter 1 with every answer: nbgrader's ``filled`` student and the red-team's ``honest``.
+SAME_AS = {"ov_honest": {"nbgrader": "filled", "grade": "honest"}}
+
+
+def run_by(student: str, way: str) -> str:
+    """The student whose run ``way`` ("nbgrader" or "grade") reads for ``student``'s submission."""
+    return SAME_AS.get(student, {}).get(way, student)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import one_verdict_cases as cases
 import pytest
+import support
 from support import nbgrader_meta, sandboxed
 
 from autograder import registry
@@ -44,10 +45,32 @@ def test_one_verdict_same_points_in_the_notebook(student, learner_runs):
     _check(student, "notebook", notebook_points(learner_runs.run(student, cases.submission(student)), chapter))
 
 
+@pytest.mark.parametrize("student", list(cases.SAME_AS))
+def test_a_submission_read_from_another_run_is_that_runs_notebook(student, nbgrader_course):
+    """``SAME_AS``: the notebook whose verdicts a submission reads is the same notebook, cell for cell (source,
+    cell type and nbgrader metadata), so each way still grades this submission's very answers."""
+    import nbformat
+    from redteam import build as redteam
+
+    chapter = cases.SUBMISSIONS[student][0]
+    mine = cases.submission(student)
+    same = cases.SAME_AS[student]
+    theirs = {"nbgrader": nbgrader_course.students(chapter)[same["nbgrader"]],
+              "grade": redteam.solved(chapter, support.SOURCE)}  # the red-team's honest student (its build)
+    assert same == {"nbgrader": "filled", "grade": "honest"}
+
+    def cells(nb):
+        return [(c.cell_type, c.source, nbgrader_meta(c)) for c in nbformat.from_dict(nb).cells]
+
+    for way, nb in theirs.items():
+        assert cells(nb) == cells(mine), f"{student} is not the notebook its {way} verdict is read from"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("student", list(cases.SUBMISSIONS))
 def test_one_verdict_same_points_in_nbgrader(student, nbgrader_course):
-    _, _, per_cell = nbgrader_course.autograded(cases.SUBMISSIONS[student][0]).scores(student)
+    chapter = cases.SUBMISSIONS[student][0]
+    _, _, per_cell = nbgrader_course.autograded(chapter).scores(cases.run_by(student, "nbgrader"))
     _check(student, "nbgrader", {registry.exercise_of_grade_id(name): score for name, score in per_cell.items()})
 
 
@@ -55,7 +78,8 @@ def test_one_verdict_same_points_in_nbgrader(student, nbgrader_course):
 @pytest.mark.parametrize("student", list(cases.SUBMISSIONS))
 def test_one_verdict_same_points_in_grade(student, grading_batch):
     chapter = registry.get(cases.SUBMISSIONS[student][0])
-    rows = [r for r in grading_batch.rows(student) if r["notebook"] == f"{student}/{chapter.notebook}"]
+    graded = cases.run_by(student, "grade")
+    rows = [r for r in grading_batch.rows(graded) if r["notebook"] == f"{graded}/{chapter.notebook}"]
     _check(student, "grade", {r["exercise"]: float(r["points"]) for r in rows},
            {r["exercise"]: f"{r['status']}: {r['reason']}" for r in rows})
 
