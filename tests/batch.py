@@ -4,21 +4,26 @@
 sentinel planted in their hidden tests, given as ``--source``) and ``root/out/``:
 
 * the red-team corpus (``tests/redteam/build.py``; its honest student has every chapter solved);
-* the second, hostile batch (``tests/redteam/hostile.py``), with host files outside every sandbox;
 * the one-verdict submissions (``tests/one_verdict_cases.py``);
 * ``release_untouched``: every chapter's release as learners get it (``tests/test_run_all.py``);
-* ``fork_bomb_cell``: fork bombs at the top of the notebook and inside ``padding_mask``;
 * a class collected through nbgrader's own exchange (``submitted/<student>/<assignment>/<notebook>``), which
   ``tests/test_shard.py`` also grades in shards from its own copy (``class_root``).
 
-``grade()`` runs ``python -m autograder grade`` once, sandboxed, with two jobs and a CPU-bound process
-beside it (a busy machine: the honest students must still get full marks), then ``autograder feedback``. The
-cell timeout is the grader's default, 60 s (20 s failed honest checks on a busy 2-core CI machine). Each test
-reads its own students' rows.
+and ``root/hostile/{submissions,source,out}``:
+
+* the second, hostile batch (``tests/redteam/hostile.py``), with host files outside every sandbox and its
+  honest ``control`` student;
+* ``fork_bomb_cell``: fork bombs at the top of the notebook and inside ``padding_mask``.
+
+``grade()`` runs ``python -m autograder grade`` on each, sandboxed, with two jobs: the main corpus first (the
+machine busy with it and with the short-limit command below), then the hostile one beside a CPU-bound process
+(a busy machine: the honest control must still get full marks, whichever tests run), then ``autograder
+feedback`` on both. The cell timeout is the grader's default, 60 s (20 s failed honest checks on a busy 2-core
+CI machine). Each test reads its own students' rows.
 
 The students who run into a time limit (``SHORT``: two infinite loops and a kernel that stops reading its
-input) are graded at the same time by a second ``grade`` command with short limits (``SHORT_OPTIONS``), from
-``root/short/``: in the main batch they waited out 60 s and 300 s. ``rows()`` reads both CSVs.
+input) are graded by a third ``grade`` command with short limits (``SHORT_OPTIONS``), from ``root/short/``,
+beside the main one: in the main batch they waited out 60 s and 300 s. ``rows()`` reads the three CSVs.
 """
 
 from __future__ import annotations
@@ -48,9 +53,10 @@ OPTIONS = ("--jobs", "2", "--cell-timeout", "60", "--notebook-timeout", "300",
 COURSE_ID = "tdd"
 # The students that wait out a limit, and the limits they are graded with: what they test is that the limit
 # holds and that the rest of the notebook is graded after it, not its length. Their other cells are cheap
-# (build.BESIDE_ATTACK), far inside 15 s on a busy machine.
+# (build.BESIDE_ATTACK), but chapter 1's import cell loads PyTorch: 15 s was too short for it on a machine
+# loaded seven deep (the cell timed out, was skipped after the restart, and every exercise then failed).
 SHORT = ("infinite_loop", "infinite_loop_cell", "stops_reading")
-SHORT_OPTIONS = ("--jobs", "3", "--cell-timeout", "15", "--notebook-timeout", "100", *OPTIONS[6:])
+SHORT_OPTIONS = ("--jobs", "3", "--cell-timeout", "40", "--notebook-timeout", "150", *OPTIONS[6:])
 
 
 def hashes(folder: Path, students: list[str] | None = None) -> dict[str, str]:
@@ -163,52 +169,81 @@ class Batch:
         # the hostile batch: {display name: {"points": .., "statuses": {..}}}
         self.host = hostile.host_files(root / "host")
         self.host_before = {name: fingerprint(p) for name, p in self.host.items()}
-        self.hostile = hostile.build(root, self.source, self.host)
+        # The hostile corpus is graded by its own command, beside a CPU-bound process (``grade``), in a root of its
+        # own whose source/ is a copy of the planted one: its links to the source expect ROOT/source.
+        self.hostile_root = root / "hostile"
+        self.hostile_subs, self.hostile_out = self.hostile_root / "submissions", self.hostile_root / "out"
+        shutil.copytree(self.source, self.hostile_root / "source")
+        self.hostile_out.mkdir(parents=True)
+        self.hostile = hostile.build(self.hostile_root, self.hostile_root / "source", self.host)
         for student in one_verdict_cases.SUBMISSIONS:
+            if one_verdict_cases.run_by(student, "grade") != student:
+                continue  # graded as the notebook it is identical to (one_verdict_cases.SAME_AS)
             chapter = registry.get(one_verdict_cases.SUBMISSIONS[student][0])
             self._write(student, chapter.notebook, one_verdict_cases.submission(student))
         for chapter in registry.CHAPTERS:
             self._write("release_untouched", chapter.notebook, nbformat.read(chapter.release_path(), as_version=4))
-        self._write("fork_bomb_cell", f"{CH1}.ipynb", fork_bomb_notebook())
+        self._write("fork_bomb_cell", f"{CH1}.ipynb", fork_bomb_notebook(), self.hostile_subs)  # beside the control
         self.short_subs, self.short_out = root / "short" / "submissions", root / "short" / "out"
         self.short_out.mkdir(parents=True)
         for student in SHORT:
-            shutil.move(self.subs / student, self.short_subs / student)
+            shutil.move(self.subs / student if (self.subs / student).exists() else self.hostile_subs / student,
+                        self.short_subs / student)
         self.class_root = root / "class" / "course" / "submitted"
         nbgrader_collect(root / "class" / "course", root / "class" / "exchange", root / "class" / "home",
                          class_notebooks())
         self.class_students = sorted(p.name for p in self.class_root.iterdir())
         for student in self.class_students:
             shutil.copytree(self.class_root / student, self.subs / student)
-        self.plain_students = sorted({path.split("/")[0] for path in self.redteam} | set(one_verdict_cases.SUBMISSIONS)
-                                     | {"release_untouched", "fork_bomb_cell", *self.class_students})
+        graded_ov = {one_verdict_cases.run_by(s, "grade") for s in one_verdict_cases.SUBMISSIONS}
+        self.plain_students = sorted({path.split("/")[0] for path in self.redteam} | graded_ov
+                                     | {"release_untouched", *self.class_students})
         self.before = hashes(self.subs, self.plain_students)
+        self.hostile_plain = ["control", "fork_bomb_cell"]  # the hostile students with plain files only
+        self.hostile_before = hashes(self.hostile_subs, self.hostile_plain)
         self.short_before = hashes(self.short_subs)
         self.result: subprocess.CompletedProcess | None = None
+        self.hostile_result: subprocess.CompletedProcess | None = None
         self.short_result: subprocess.CompletedProcess | None = None
 
-    def _write(self, student: str, name: str, nb) -> None:
-        path = self.subs / student / name
+    def _write(self, student: str, name: str, nb, subs: Path | None = None) -> None:
+        path = (subs or self.subs) / student / name
         path.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, path)
 
     def command(self, *extra: str) -> list[str]:
-        return [sys.executable, "-m", "autograder", "grade", str(self.subs), "--out", str(self.out / "grades.csv"),
-                "--source", str(self.source), "--gradebook", f"sqlite:///{self.out / 'gradebook.db'}", *OPTIONS,
-                *extra]
+        return self._command(self.subs, self.out, self.source, OPTIONS, *extra)
+
+    def hostile_command(self) -> list[str]:
+        return self._command(self.hostile_subs, self.hostile_out, self.hostile_root / "source", OPTIONS)
 
     def short_command(self) -> list[str]:
-        return [sys.executable, "-m", "autograder", "grade", str(self.short_subs), "--out",
-                str(self.short_out / "grades.csv"), "--source", str(self.source), "--gradebook",
-                f"sqlite:///{self.short_out / 'gradebook.db'}", *SHORT_OPTIONS]
+        return self._command(self.short_subs, self.short_out, self.source, SHORT_OPTIONS)
+
+    @staticmethod
+    def _command(subs: Path, out: Path, source: Path, options: tuple[str, ...], *extra: str) -> list[str]:
+        return [sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(out / "grades.csv"),
+                "--source", str(source), "--gradebook", f"sqlite:///{out / 'gradebook.db'}", *options, *extra]
+
+    def parts(self) -> list[tuple[Path, Path]]:
+        """(submissions, out) of each command: the main one, the hostile one, the short-limit one."""
+        return [(self.subs, self.out), (self.hostile_subs, self.hostile_out), (self.short_subs, self.short_out)]
 
     def grade(self) -> None:
-        with support.cpu_burner(), tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        """The main and the short-limit commands side by side, then the hostile corpus beside a CPU-bound process
+        (while the main command ran, the machine was busy with it: the burner is for the hostile corpus, which
+        holds the honest control, whichever tests run)."""
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             started = time.monotonic()
             short = subprocess.Popen(self.short_command(), stdout=out, stderr=err, cwd=support.REPO)
             try:
                 self.result = subprocess.run(self.command(), capture_output=True, cwd=support.REPO, timeout=3000)
                 self.seconds = time.monotonic() - started
+                with support.cpu_burner():
+                    started = time.monotonic()
+                    self.hostile_result = subprocess.run(self.hostile_command(), capture_output=True,
+                                                         cwd=support.REPO, timeout=3000)
+                    self.hostile_seconds = time.monotonic() - started
                 short.wait(timeout=600)
             finally:
                 short.kill()
@@ -216,23 +251,24 @@ class Batch:
             out.seek(0)
             err.seek(0)
             self.short_result = subprocess.CompletedProcess(short.args, short.returncode, out.read(), err.read())
-        self.feedback = subprocess.run([sys.executable, "-m", "autograder", "feedback", str(self.out / "grades.csv"),
-                                        "--out", str(self.out / "feedback")], capture_output=True, cwd=support.REPO,
-                                       timeout=300)
+        self.feedback, self.hostile_feedback = (
+            subprocess.run([sys.executable, "-m", "autograder", "feedback", str(folder / "grades.csv"), "--out",
+                            str(folder / "feedback")], capture_output=True, cwd=support.REPO, timeout=300)
+            for folder in (self.out, self.hostile_out))
 
     @property
     def stderr(self) -> str:
         return self.result.stderr.decode(errors="replace")
 
     def check(self) -> None:
-        assert self.result.returncode == 0, self.stderr[-3000:]
-        assert self.short_result.returncode == 0, self.short_result.stderr.decode(errors="replace")[-3000:]
+        for result in (self.result, self.hostile_result, self.short_result):
+            assert result.returncode == 0, result.stderr.decode(errors="replace")[-3000:]
 
     def rows(self, student: str | None = None) -> list[dict]:
-        """The rows of both commands (the short one's students are ``SHORT``)."""
-        rows = record.read_csv(self.out / "grades.csv") + record.read_csv(self.short_out / "grades.csv")
+        """The rows of the three commands (the short one's students are ``SHORT``)."""
+        rows = [row for _, out in self.parts() for row in record.read_csv(out / "grades.csv")]
         return rows if student is None else [r for r in rows if r["student"] == student]
 
     def cleanup(self) -> None:
-        sandbox.remove_tree(self.short_subs)
-        sandbox.remove_tree(self.subs)  # its names and depths are hostile to pytest's own cleanup
+        for subs, _ in self.parts():
+            sandbox.remove_tree(subs)  # the hostile names and depths are hostile to pytest's own cleanup

@@ -65,6 +65,7 @@ def test_grade_reports_a_syntax_error_as_such_with_its_line(grading_batch):
 def test_grade_leaves_submissions_byte_identical(grading_batch):
     grading_batch.check()
     assert batch_module.hashes(grading_batch.subs, grading_batch.plain_students) == grading_batch.before
+    assert batch_module.hashes(grading_batch.hostile_subs, grading_batch.hostile_plain) == grading_batch.hostile_before
     assert batch_module.hashes(grading_batch.short_subs) == grading_batch.short_before
 
 
@@ -84,16 +85,20 @@ def _reached(subs: Path, notebook: str) -> bool:
 
 @sandboxed
 def test_grade_gradebook_matches_csv_and_nbgrader_export(grading_batch):
+    # each command writes its own gradebook: (main, hostile, short-limit) submissions compared
+    counted = [_gradebook_matches_csv_and_export(subs, out) for subs, out in grading_batch.parts()]
+    assert counted[0] >= 20 and counted[1] >= 20 and counted[2] == len(batch_module.SHORT), counted
+
+
+def _gradebook_matches_csv_and_export(subs, out) -> int:
     from nbgrader.api import Gradebook
 
-    out, subs = grading_batch.out, grading_batch.subs
-    rows = grading_batch.rows()
+    rows = record.read_csv(out / "grades.csv")
     totals: dict[tuple[str, str], float] = {}
     for row in rows:
         if row["exercise"] != "-" and row["status"] not in ("invalid", "duplicate") and _reached(subs, row["notebook"]):
             chapter = CHAPTER_OF[row["exercise"]]  # not the file's name: a renamed copy ("… (1).ipynb") is graded
             totals[(row["student"], chapter)] = totals.get((row["student"], chapter), 0.0) + float(row["points"])
-    assert len(totals) >= 20
     with Gradebook(f"sqlite:///{out / 'gradebook.db'}") as gb:
         for (student, chapter), score in totals.items():
             sub = gb.find_submission(chapter, student)
@@ -109,6 +114,7 @@ def test_grade_gradebook_matches_csv_and_nbgrader_export(grading_batch):
         exported = {(r["student_id"], r["assignment"]): float(r["score"]) for r in csv.DictReader(f)}
     for key, score in totals.items():
         assert exported[key] == pytest.approx(score), key
+    return len(totals)
 
 
 @sandboxed

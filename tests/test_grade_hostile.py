@@ -48,12 +48,14 @@ def _grade(subs: Path, out: Path, *extra: str, timeout: float = 1500) -> subproc
 @pytest.fixture()
 def batch(grading_batch):
     """The hostile students of the session's shared batch (tests/batch.py), in the shape these tests read
-    (``outs`` and ``results``: the main command's and the short-limit one's)."""
-    return {"tmp": grading_batch.root, "out": grading_batch.out, "host": grading_batch.host,
-            "before": grading_batch.host_before, "expected": grading_batch.hostile, "result": grading_batch.result,
-            "seconds": grading_batch.seconds, "feedback": grading_batch.feedback, "rows": grading_batch.rows(),
-            "outs": [grading_batch.out, grading_batch.short_out],
-            "results": [grading_batch.result, grading_batch.short_result]}
+    (``out``, ``result``: the hostile command's; ``outs`` and ``results``: every command's)."""
+    return {"tmp": grading_batch.root, "out": grading_batch.hostile_out, "host": grading_batch.host,
+            "before": grading_batch.host_before, "expected": grading_batch.hostile,
+            "result": grading_batch.hostile_result, "seconds": grading_batch.hostile_seconds,
+            "feedback": grading_batch.hostile_feedback, "rows": grading_batch.rows(),
+            "outs": [out for _, out in grading_batch.parts()],
+            "feedbacks": [grading_batch.feedback, grading_batch.hostile_feedback],
+            "results": [grading_batch.result, grading_batch.hostile_result, grading_batch.short_result]}
 
 
 def test_hostile_batch_completes(batch):
@@ -113,7 +115,7 @@ def test_hostile_batch_host_files_keep_owner_mode_and_content(batch):
 
 def test_hostile_batch_secret_appears_in_no_output(batch):
     blobs = [blob for result in batch["results"] for blob in (result.stdout, result.stderr)]
-    blobs += [batch["feedback"].stdout, batch["feedback"].stderr]
+    blobs += [blob for feedback in batch["feedbacks"] for blob in (feedback.stdout, feedback.stderr)]
     blobs += [p.read_bytes() for out in batch["outs"] for p in out.rglob("*") if p.is_file()]
     assert not any(hostile.SECRET in blob for blob in blobs)
     assert not any(redteam.SENTINEL.encode() in blob for blob in blobs)
