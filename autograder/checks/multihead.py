@@ -41,7 +41,7 @@ def _bad_calls(*calls: tuple[tuple, dict, str, str]):
 def _judge_value_errors(inputs: dict, outputs: dict) -> None:
     """Each call must raise a ValueError naming its argument; the hint names the first rule that is not checked."""
     for (argument, what), result in zip(inputs["rules"], outputs["results"]):
-        expect_value_error(result["error"], argument, what)
+        expect_value_error(result["error"], what, argument)
 
 
 def _shape(*sizes: int) -> torch.Size:
