@@ -45,18 +45,51 @@ def test_expect_names_the_first_known_mistake_the_output_is():
 
 @pytest.mark.parametrize("word", [True, False])
 def test_expect_value_error_needs_a_value_error_naming_the_argument(word):
-    core.expect_value_error({"type": "ValueError", "message": "patch_size=3 does not divide 8"}, "patch_size",
-                            "8 by 3", word=word)
-    for error, said in ((None, "returned a result"), ({"type": "TypeError", "message": "bad"}, "raise a ValueError"),
-                        ({"type": "ValueError", "message": "bad size"}, "should name patch_size")):
+    core.expect_value_error({"type": "ValueError", "message": "patch_size=3 does not divide 8"}, "8 by 3",
+                            "patch_size", word=word)
+    for error, said in ((None, "^8 by 3: your code returned a result; check for this first and raise a ValueError "
+                               "naming patch_size$"),
+                        ({"type": "TypeError", "message": "bad"}, "^8 by 3: the error must be a ValueError naming "
+                                                                   "patch_size; your code raised TypeError: bad$"),
+                        ({"type": "ValueError", "message": "bad size"}, "^8 by 3: your ValueError should name "
+                                                                         "patch_size, so that the caller knows what "
+                                                                         "to change; it said 'bad size'$")):
         with pytest.raises(core.CheckFailed, match=said):
-            core.expect_value_error(error, "patch_size", "8 by 3", word=word)
+            core.expect_value_error(error, "8 by 3", "patch_size", word=word)
     inside = {"type": "ValueError", "message": "patch_sizes must divide the image"}
     if word:
         with pytest.raises(core.CheckFailed, match="should name patch_size"):
-            core.expect_value_error(inside, "patch_size", "8 by 3")
+            core.expect_value_error(inside, "8 by 3", "patch_size")
     else:
-        core.expect_value_error(inside, "patch_size", "8 by 3", word=False)
+        core.expect_value_error(inside, "8 by 3", "patch_size", word=False)
+
+
+def test_expect_value_error_takes_one_of_several_names_or_none():
+    shapes = {"type": "ValueError", "message": "target of shape (2, 3) does not fit"}
+    core.expect_value_error(shapes, "logits (2, 4, 5)", "logits", "target")
+    with pytest.raises(core.CheckFailed, match="naming logits or target;"):
+        core.expect_value_error({"type": "KeyError", "message": "0"}, "logits (2, 4, 5)", "logits", "target")
+    with pytest.raises(core.CheckFailed, match="should name logits or target,"):
+        core.expect_value_error({"type": "ValueError", "message": "bad"}, "logits (2, 4, 5)", "logits", "target")
+    core.expect_value_error({"type": "ValueError", "message": "bad"}, "tgt is 1-D")  # no name asked: any ValueError
+    with pytest.raises(core.CheckFailed, match="^tgt is 1-D: your code returned a result; check for this first and "
+                                               "raise a ValueError$"):
+        core.expect_value_error(None, "tgt is 1-D")
+    with pytest.raises(core.CheckFailed, match="^tgt is 1-D: the error must be a ValueError; your code raised"):
+        core.expect_value_error({"type": "IndexError", "message": "3"}, "tgt is 1-D")
+
+
+def test_expect_value_error_marks_what_the_learners_code_wrote():
+    """A hidden case's reason cuts the learner's exception out (core.hidden_reason): the helper says which text it is."""
+    for error in ({"type": "MyError", "message": "x is (4, 7)"}, {"type": "ValueError", "message": "x is (4, 7)"}):
+        with pytest.raises(core.CheckFailed) as err:
+            core.expect_value_error(error, "seq_len is negative", "seq_len")
+        assert err.value.learners and all(text in str(err.value) for text in err.value.learners)
+        reason = core.hidden_reason("bad sizes", str(err.value), err.value.learners)
+        assert "(4, 7)" not in reason and "x is" not in reason, reason
+    with pytest.raises(core.CheckFailed) as err:
+        core.expect_value_error(None, "seq_len is negative", "seq_len")
+    assert err.value.learners == ()
 
 
 def test_stacked_is_one_tensor_and_unstacked_gives_the_tensors_back():

@@ -208,7 +208,7 @@ PAGED_HINTS = {
     "paged_blocks_taken_per_layer": "never once per layer",
     "paged_returns_whole_blocks": "write returns whole blocks",
     "paged_pool_copied": "the pools were replaced",
-    "paged_no_pool_check": "must raise ValueError naming n_blocks",
+    "paged_no_pool_check": "the error must be a ValueError naming n_blocks",
 }
 
 

@@ -11,7 +11,6 @@ their results on the visible cases and holds none of their code.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import torch
@@ -129,13 +128,13 @@ def _causal_inputs(seq_q: int | None = None, seq_k: int | None = None, *, extra:
 
 
 def _bad_calls(*calls: tuple[str, tuple, dict, str]):
-    """Every call of ``calls`` ((what it looks like, args, kwargs, the argument its ValueError must name)) in
+    """Every call of ``calls`` ((the call as written, args, kwargs, the argument its ValueError must name)) in
     turn, for the ``call_each`` probe: one case tries every rule it lists, whatever the seed. Tensor
     arguments are given as functions of ``gen``."""
 
     def inputs(gen: torch.Generator) -> dict[str, Any]:
         made = [(tuple(a(gen) if callable(a) else a for a in args), kwargs) for _, args, kwargs, _ in calls]
-        return {"calls": made, "rules": [(call, argument) for call, _, _, argument in calls]}
+        return {"calls": made, "rules": [(what, argument) for what, _, _, argument in calls]}
 
     return inputs
 
@@ -144,23 +143,10 @@ def _causal_bad(*sizes: tuple[tuple[int, ...], str]):
     return _bad_calls(*((f"causal_mask{args}".replace(",)", ")"), args, {}, argument) for args, argument in sizes))
 
 
-# Not core.expect_value_error: these hints name the call that should have raised ("causal_mask(0, 3) must raise
-# ValueError naming seq_q, ..."), where core's describe the situation; a learner's verdicts keep their wording.
-def _expect_value_error(call: str, argument: str, error: dict[str, str] | None) -> None:
-    """``call`` must have raised a ValueError whose message names ``argument`` (as a word)."""
-    if error is None:
-        fail(f"{call} must raise ValueError naming {argument}, but your code returned a result: check the "
-             "arguments first and say what to pass instead")
-    if error["type"] != "ValueError":
-        fail(f"{call} must raise ValueError naming {argument}; your code raised {error['type']}: {error['message']}")
-    if not re.search(rf"\b{re.escape(argument)}\b", error["message"]):
-        fail(f"{call}: your ValueError should name {argument} and say what to pass; it said {error['message']!r}")
-
-
 def _judge_value_errors(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
     """Each call must raise its ValueError; the hint names the first rule that is not checked."""
-    for (call, argument), result in zip(inputs["rules"], outputs["results"]):
-        _expect_value_error(call, argument, result["error"])
+    for (what, argument), result in zip(inputs["rules"], outputs["results"]):
+        core.expect_value_error(result["error"], what, argument)
 
 
 @core.recorded

@@ -220,17 +220,21 @@ def expect(actual: Any, expected: torch.Tensor, hint: str, mistakes: Iterable[tu
     expect_close(actual, expected, hint, atol=atol)
 
 
-def expect_value_error(error: dict[str, str] | None, argument: str, what: str, *, word: bool = True) -> None:
-    """Fail unless ``error`` (a probe's) is a ValueError naming ``argument`` (as a whole word, or anywhere)."""
+def expect_value_error(error: dict[str, str] | None, what: str, *names: str, word: bool = True) -> None:
+    """Fail unless ``error`` (a probe's: None when the call returned) is a ValueError whose message names one of
+    ``names``, as a whole word or (``word=False``) anywhere in it; with no names (the exercise's text asks for
+    none), any ValueError will do. ``what`` (the bad call, or what is wrong) opens the hint."""
+    listed = " or ".join(names)
+    naming = f" naming {listed}" if names else ""
     if error is None:
-        fail(f"{what}, but your code returned a result: raise ValueError naming {argument} instead of going on")
+        fail(f"{what}: your code returned a result; check for this first and raise a ValueError{naming}")
+    said = error["message"]
     if error["type"] != "ValueError":
-        fail(f"{what}: raise a ValueError (you raised {error['type']}: {error['message']})",
-             f"{error['type']}: {error['message']}")
-    named = re.search(rf"\b{re.escape(argument)}\b", error["message"]) if word else argument in error["message"]
-    if not named:
-        fail(f"{what}: your ValueError should name {argument} and say what to change; it said {error['message']!r}",
-             repr(error["message"]))
+        fail(f"{what}: the error must be a ValueError{naming}; your code raised {error['type']}: {said}",
+             f"{error['type']}: {said}")
+    if names and not any(re.search(rf"\b{re.escape(n)}\b", said) if word else n in said for n in names):
+        fail(f"{what}: your ValueError should name {listed}, so that the caller knows what to change; it said "
+             f"{said!r}", repr(said))
 
 
 # --- the reference, or its recording in a student edition ------------------------

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from autograder.checks import core
-from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail, rand_int, same
+from autograder.checks.core import (Case, Check, CheckFailed, expect_close, expect_value_error, fail, rand_int,
+                                    same)
 from autograder.checks.lookup import LookupModel
 
 # in a student edition: replayed from a recording (see core.recorded)
@@ -32,22 +33,6 @@ multihead = core.reference("solutions.multihead")
 transformer = core.reference("solutions.transformer")
 
 NEVER = -math.inf  # the logit of a token a model never predicts (BOS, padding)
-
-
-# Not core.expect_value_error: any one of several names will do (or none, where the exercise's text asks for no
-# name), and its hints are worded for that; a learner's verdicts keep their wording.
-def _expect_value_error(error: dict | None, arguments: tuple[str, ...], what: str) -> None:
-    """``what`` must be refused with a ValueError naming one of ``arguments`` (any ValueError when there are none:
-    the exercise's text does not ask for a name)."""
-    names = " or ".join(arguments)
-    ask = f"raise a ValueError that names {names}" if arguments else "raise a ValueError that says what to change"
-    if error is None:
-        fail(f"{what}, but your code went on: {ask}")
-    if error["type"] != "ValueError":
-        fail(f"{what}: {ask} (you raised {error['type']}: {error['message']})")
-    if arguments and not any(name in error["message"] for name in arguments):
-        fail(f"{what}: your ValueError should name {names} and say what to change; it said {error['message']!r}")
-
 
 
 # --- teacher_forcing ------------------------------------------------------------------------------
@@ -174,9 +159,9 @@ def _tf_bad_inputs(gen: torch.Generator, *, other: bool = False) -> dict:
 def _judge_tf_bad(inputs: dict, outputs: dict) -> None:
     for rule, ((tgt, bos, eos, pad), _), result in zip(inputs["rules"], inputs["calls"], outputs["results"],
                                                        strict=True):
-        _expect_value_error(result["error"], (), f"teacher_forcing(tgt of shape {tuple(tgt.shape)} and dtype "
-                            f"{tgt.dtype}, bos_id={bos}, eos_id={eos}, pad_id={pad}): {rule} (call the given "
-                            "_check_teacher_forcing_args(tgt, bos_id, eos_id, pad_id) first)")
+        expect_value_error(result["error"], f"teacher_forcing(tgt of shape {tuple(tgt.shape)} and dtype {tgt.dtype}, "
+                           f"bos_id={bos}, eos_id={eos}, pad_id={pad}): {rule} (call the given "
+                           "_check_teacher_forcing_args(tgt, bos_id, eos_id, pad_id) first)")
 
 
 
@@ -612,8 +597,8 @@ def _judge_scheduler_refuses(inputs: dict, outputs: dict) -> None:
             fail(f"with an optimizer made with lr={bad[0]} your schedule is silently {bad[0]}× the Noam rate: "
                  "LambdaLR multiplies the optimizer's lr by the lambda. Refuse any lr other than 1.0 with a ValueError "
                  "that names lr")
-    _expect_value_error(outputs["error"], ("lr",), f"the optimizer was made with lr={bad[0]} (the schedule is the "
-                        "whole learning rate, so the optimizer's lr must be 1.0)")
+    expect_value_error(outputs["error"], f"the optimizer was made with lr={bad[0]} (the schedule is the whole learning "
+                       "rate, so the optimizer's lr must be 1.0)", "lr", word=False)
 
 
 def _scheduler_bad_inputs(gen: torch.Generator, *, argument: str) -> dict:
@@ -623,9 +608,9 @@ def _scheduler_bad_inputs(gen: torch.Generator, *, argument: str) -> dict:
 
 def _judge_scheduler_bad(inputs: dict, outputs: dict) -> None:
     d_model, warmup = inputs["args"]
-    _expect_value_error(outputs["error"], (inputs["argument"],), f"noam_scheduler(optimizer, d_model={d_model}, "
-                        f"warmup={warmup}): {inputs['argument']} is not a positive int (call the given "
-                        "_check_noam_args(d_model, warmup, factor) first)")
+    expect_value_error(outputs["error"], f"noam_scheduler(optimizer, d_model={d_model}, warmup={warmup}): "
+                       f"{inputs['argument']} is not a positive int (call the given _check_noam_args(d_model, warmup, "
+                       "factor) first)", inputs["argument"], word=False)
 
 
 
@@ -794,10 +779,10 @@ def _judge_ls_bad(inputs: dict, outputs: dict) -> None:
     for (rule, names), ((logits, target), kwargs), result in zip(inputs["rules"], inputs["calls"],
                                                                  outputs["results"], strict=True):
         shown = ", ".join(f"{k}={v}" for k, v in kwargs.items())
-        _expect_value_error(result["error"], names, f"label_smoothed_cross_entropy(logits of shape "
-                            f"{tuple(logits.shape)}, target of shape {tuple(target.shape)} and dtype {target.dtype}"
-                            f"{', ' + shown if shown else ''}): {rule} (call the given _check_smoothing_args "
-                            "first)")
+        expect_value_error(result["error"], f"label_smoothed_cross_entropy(logits of shape {tuple(logits.shape)}, "
+                           f"target of shape {tuple(target.shape)} and dtype {target.dtype}"
+                           f"{', ' + shown if shown else ''}): {rule} (call the given _check_smoothing_args first)",
+                           *names, word=False)
 
 
 

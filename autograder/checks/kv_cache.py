@@ -37,18 +37,6 @@ def _error_text(error: dict) -> str:
     return f"{error.get('type')}: {error.get('message')}"
 
 
-# Not core.expect_value_error: these hints say what must raise ("seq_len=-1 must raise ValueError, ..."), where
-# core's describe the situation; a learner's verdicts keep their wording.
-def _expect_value_error(error: dict | None, what: str, name: str) -> None:
-    """``error`` (from a probe) must be a ValueError whose message contains ``name``."""
-    if error is None:
-        fail(f"{what} must raise ValueError, but your code went on: check it first and say what to change")
-    if error.get("type") != "ValueError":
-        fail(f"{what} must raise ValueError naming {name}; your code raised {_error_text(error)}")
-    if name not in error.get("message", ""):
-        fail(f"{what}: the ValueError should name {name} and say what to change; it said {error.get('message')!r}")
-
-
 # The dtypes the exercises name, and their bytes per element: each is a visible case.
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "float8_e4m3fn": 1}
 
@@ -154,7 +142,7 @@ def _bytes_bad_inputs(gen: torch.Generator) -> dict:
 
 def _judge_bytes_bad(inputs: dict, outputs: dict) -> None:
     for (name, value), result in zip(inputs["bad"], outputs["results"]):
-        _expect_value_error(result["error"], f"{name}={value}", name)
+        core.expect_value_error(result["error"], f"{name}={value}", name, word=False)
 
 
 # --- decode_tokens_per_second: the roofline ------------------------------------------------------------------
@@ -488,7 +476,7 @@ def _judge_paged(inputs: dict, outputs: dict) -> None:
                      f"({[tables[r] for r in rows]}); got {step['tables']}")
         else:
             what = "a write that needs more blocks than the pool has free"
-            _expect_value_error(step["error"], what, "n_blocks")
+            core.expect_value_error(step["error"], what, "n_blocks", word=False)
             if step["tables"] != tables or step["length"] != length:
                 fail(f"{what}: refuse before changing anything: the block tables (or the length) changed")
             continue
@@ -687,8 +675,8 @@ def _judge_batch_run(run: dict, result: dict) -> None:
         if result["calls"]:
             fail(f"the longest prompt ({width}) + {new} new tokens > max_len={max_len} must be refused BEFORE "
                  f"generating: your code ran the model {len(result['calls'])} time(s) first")
-        _expect_value_error(result["error"], f"the longest prompt ({width}) + {new} new tokens with "
-                                             f"max_len={max_len}", "max_len")
+        core.expect_value_error(result["error"], f"the longest prompt ({width}) + {new} new tokens with "
+                                f"max_len={max_len}", "max_len", word=False)
         _judge_mode(result, run["training"])
         return
     if result["error"] is not None:
@@ -924,8 +912,8 @@ def _judge_speculative_run(run: dict, result: dict) -> None:
         if result["calls"]:
             fail(f"a prompt of {idx.shape[1]} + {new} new tokens > max_len={max_len} must be refused BEFORE "
                  "generating: your code ran the models first")
-        _expect_value_error(result["error"], f"a prompt of {idx.shape[1]} + {new} new tokens with max_len={max_len}",
-                            "max_len")
+        core.expect_value_error(result["error"], f"a prompt of {idx.shape[1]} + {new} new tokens with "
+                                f"max_len={max_len}", "max_len", word=False)
         both()
         return
     greedy = run["kwargs"].get("temperature", 1.0) == 0

@@ -25,22 +25,22 @@ from autograder.checks.core import (Case, Check, CheckFailed, expect, expect_clo
 reference = core.reference("solutions.multihead")  # in a student edition: replayed from a recording
 
 
-def _bad_calls(*calls: tuple[tuple, dict, str, str]):
-    """Inputs for ``call_each``: every call of ``calls`` ((args, kwargs, the argument its ValueError must name,
-    what is wrong)) in turn, the same ones whatever the seed; tensors are given by their shape."""
+def _bad_calls(*calls: tuple[str, tuple, dict, str]):
+    """Inputs for ``call_each``: every call of ``calls`` ((what is wrong, args, kwargs, the argument its ValueError
+    must name)) in turn, the same ones whatever the seed; tensors are given by their shape."""
 
     def inputs(gen: torch.Generator) -> dict:
         made = [(tuple(torch.randn(*a, generator=gen) if isinstance(a, torch.Size) else a for a in args), kwargs)
-                for args, kwargs, _, _ in calls]
-        return {"calls": made, "rules": [(argument, what) for _, _, argument, what in calls]}
+                for _, args, kwargs, _ in calls]
+        return {"calls": made, "rules": [(what, argument) for what, _, _, argument in calls]}
 
     return inputs
 
 
 def _judge_value_errors(inputs: dict, outputs: dict) -> None:
     """Each call must raise a ValueError naming its argument; the hint names the first rule that is not checked."""
-    for (argument, what), result in zip(inputs["rules"], outputs["results"]):
-        expect_value_error(result["error"], argument, what)
+    for (what, argument), result in zip(inputs["rules"], outputs["results"]):
+        expect_value_error(result["error"], what, argument)
 
 
 def _shape(*sizes: int) -> torch.Size:
@@ -380,8 +380,8 @@ def _count_of(d_model: int, n_heads: int, n_kv_heads: int | None, bias: bool) ->
 
 
 # n_kv_heads that does not divide n_heads: fewer K/V heads, more, and one that shares a factor with n_heads
-_COUNT_BAD_KV_HEADS = _bad_calls(*(((heads * 16, heads), {"n_kv_heads": kv}, "n_kv_heads",
-                                    f"n_kv_heads={kv} does not divide n_heads={heads}")
+_COUNT_BAD_KV_HEADS = _bad_calls(*((f"n_kv_heads={kv} does not divide n_heads={heads}", (heads * 16, heads),
+                                    {"n_kv_heads": kv}, "n_kv_heads")
                                    for heads, kv in ((8, 3), (6, 4), (4, 8))))
 
 
@@ -529,11 +529,11 @@ CHECKS: dict[str, Check] = {
         visible=(
             Case("split (batch, seq, heads·d_head) into heads", _split_inputs, "call", _judge_split),
             Case("d_model not divisible by n_heads raises ValueError", _bad_calls(
-                ((_shape(2, 3, 21), 5), {}, "n_heads", "d_model=21 is not divisible by n_heads=5")),
+                ("d_model=21 is not divisible by n_heads=5", (_shape(2, 3, 21), 5), {}, "n_heads")),
                 "call_each", _judge_value_errors),
             Case("x that is not 3-D raises ValueError", _bad_calls(
-                ((_shape(2, 3, 4, 8), 2), {}, "x", "x of shape (2, 3, 4, 8) is not (batch, seq, d_model)"),
-                ((_shape(3, 8), 2), {}, "x", "x of shape (3, 8) is not (batch, seq, d_model)")),
+                ("x of shape (2, 3, 4, 8) is not (batch, seq, d_model)", (_shape(2, 3, 4, 8), 2), {}, "x"),
+                ("x of shape (3, 8) is not (batch, seq, d_model)", (_shape(3, 8), 2), {}, "x")),
                 "call_each", _judge_value_errors),
         ),
         hidden=(
@@ -546,8 +546,8 @@ CHECKS: dict[str, Check] = {
         visible=(
             Case("merge heads back to (batch, seq, d_model)", _merge_inputs, "call", _judge_merge),
             Case("x that is not 4-D raises ValueError", _bad_calls(
-                ((_shape(2, 3, 8),), {}, "x", "x of shape (2, 3, 8) is not (batch, heads, seq, d_head)"),
-                ((_shape(1, 2, 3, 4, 5),), {}, "x", "x of shape (1, 2, 3, 4, 5) is not (batch, heads, seq, d_head)")),
+                ("x of shape (2, 3, 8) is not (batch, heads, seq, d_head)", (_shape(2, 3, 8),), {}, "x"),
+                ("x of shape (1, 2, 3, 4, 5) is not (batch, heads, seq, d_head)", (_shape(1, 2, 3, 4, 5),), {}, "x")),
                 "call_each", _judge_value_errors),
         ),
         hidden=(Case("merge_heads inverts split_heads", _merge_inputs, "call", _judge_merge_roundtrip),),
@@ -587,7 +587,7 @@ CHECKS: dict[str, Check] = {
             Case("count of multi-head attention", _count_inputs, "call", _judge_count),
             Case("grouped-query attention", lambda g: _count_inputs(g, gqa=True), "call", _judge_count),
             Case("d_model not divisible by n_heads raises ValueError", _bad_calls(
-                ((50, 6), {}, "n_heads", "d_model=50 is not divisible by n_heads=6")),
+                ("d_model=50 is not divisible by n_heads=6", (50, 6), {}, "n_heads")),
                 "call_each", _judge_value_errors),
             Case("n_kv_heads that does not divide n_heads raises ValueError", _COUNT_BAD_KV_HEADS, "call_each",
                  _judge_value_errors),
@@ -602,7 +602,7 @@ CHECKS: dict[str, Check] = {
         visible=(
             Case("groups of query heads share a K/V head", _repeat_inputs, "call", _judge_repeat),
             Case("n_heads not a multiple of the K/V heads raises ValueError", _bad_calls(
-                ((_shape(1, 3, 2, 2), 7), {}, "n_heads", "n_heads=7 is not a multiple of the 3 K/V heads")),
+                ("n_heads=7 is not a multiple of the 3 K/V heads", (_shape(1, 3, 2, 2), 7), {}, "n_heads")),
                 "call_each", _judge_value_errors),
         ),
         hidden=(

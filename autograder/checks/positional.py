@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from autograder.checks import core
-from autograder.checks.core import Case, Check, CheckFailed, expect_close, fail, rand_int, same
+from autograder.checks.core import (Case, Check, CheckFailed, expect_close, expect_value_error, fail, rand_int,
+                                    same)
 ref = core.reference("solutions.positional")  # in a student edition: replayed from a recording
 
 
@@ -151,16 +152,7 @@ def _bad_inputs(function: str, *rules: tuple[str, tuple, dict, str]):
 
 def _judge_value_error(inputs: dict, outputs: dict) -> None:
     """The call must raise ValueError, and its message must name ``inputs["argument"]``."""
-    call, argument, rule, got = inputs["call"], inputs["argument"], inputs["rule"], outputs.get("error")
-    if got is None:
-        fail(f"{call} must raise ValueError naming {argument} ({rule}), but your code returned a result: check "
-             "the argument first and say what to pass instead")
-    if got.get("type") != "ValueError":
-        fail(f"{call} must raise ValueError naming {argument} ({rule}); your code raised {got.get('type')}: "
-             f"{got.get('message')}")
-    if argument not in got.get("message", ""):
-        fail(f"{call}: your ValueError should name {argument} ({rule}) and say what to pass; it said "
-             f"{got.get('message')!r}")
+    expect_value_error(outputs.get("error"), f"{inputs['call']} ({inputs['rule']})", inputs["argument"], word=False)
 
 
 def _judge_value_errors(inputs: dict, outputs: dict) -> None:
@@ -297,15 +289,9 @@ def _judge_learned_past(inputs: dict, outputs: dict) -> None:
     max_len = inputs["init_args"][0]
     what = f"positions {start_pos}..{start_pos + x.shape[1] - 1} with max_len={max_len}"
     if outputs.get("error") is None:
-        fail(f"{what} must raise ValueError, but your code returned a result: past max_len there is no trained "
-             "vector, so a wrapped or clamped index is garbage; check start_pos + seq > max_len and raise")
-    if outputs["error"].get("type") != "ValueError":
-        fail(f"{what} must raise ValueError with a clear message; your code raised "
-             f"{outputs['error'].get('type')}: {outputs['error'].get('message')} "
-             "(check start_pos + seq against max_len yourself, before indexing)")
-    if "max_len" not in outputs["error"].get("message", ""):
-        fail("the ValueError message should name max_len and say what to do, e.g. "
-             "'positions 10..13 go past max_len=12; build the module with max_len >= 14'")
+        fail(f"{what}: your code returned a result, but past max_len there is no trained vector, so a wrapped or "
+             "clamped index is garbage; check start_pos + seq > max_len first and raise a ValueError naming max_len")
+    expect_value_error(outputs["error"], what, "max_len", word=False)
 
 
 # --- apply_rope ---

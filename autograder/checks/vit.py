@@ -124,7 +124,7 @@ def _judge_indivisible(inputs: dict, outputs: dict) -> None:
     if outputs["error"] is None:
         fail(f"{what}, but your code returned patches (cropping the image, or a wrong reshape): silently dropping "
              "pixels hides a bug; raise ValueError naming patch_size and the sizes that divide the image")
-    expect_value_error(outputs["error"], "patch_size", what, word=False)
+    expect_value_error(outputs["error"], what, "patch_size", word=False)
 
 
 # --- patch_embedding_from_conv -----------------------------------------------------------------------
@@ -201,8 +201,8 @@ def _judge_conv(inputs: dict, outputs: dict) -> None:
 
 def _judge_conv_not_patches(inputs: dict, outputs: dict) -> None:
     p, stride = inputs["conv"]["kernel_size"], inputs["conv"]["stride"]
-    expect_value_error(outputs["error"], "stride", f"a Conv2d with kernel_size={p} and stride={stride} overlaps its "
-                                                   "patches, so no Linear on patchify's patches equals it", word=False)
+    expect_value_error(outputs["error"], f"a Conv2d with kernel_size={p} and stride={stride} overlaps its patches, so "
+                       "no Linear on patchify's patches equals it", "stride", word=False)
 
 
 # --- add_cls_and_positions ----------------------------------------------------------------------------
@@ -281,7 +281,7 @@ def _judge_cls_wrong_positions(inputs: dict, outputs: dict) -> None:
         fail(f"{what}: your code used the first rows and dropped the rest. A longer table belongs to another grid of "
              "patches, whose row k is not this grid's patch k: raise ValueError naming position_embedding (the "
              "model then says to interpolate the positions)")
-    expect_value_error(outputs["error"], "position_embedding", what, word=False)
+    expect_value_error(outputs["error"], what, "position_embedding", word=False)
 
 
 # --- VisionTransformer ------------------------------------------------------------------------------
@@ -435,9 +435,8 @@ def _judge_vit_train(inputs: dict, outputs: dict) -> None:
 def _judge_vit_wrong_size(inputs: dict, outputs: dict) -> None:
     size = inputs["init_args"][0]
     (images,) = inputs["args"]
-    expect_value_error(outputs["error"], "images", f"a model built for {size}×{size} images was given "
-                                                   f"{images.shape[-2]}×{images.shape[-1]} images (call "
-                                                   "self._check_images)", word=False)
+    expect_value_error(outputs["error"], f"a model built for {size}×{size} images was given {images.shape[-2]}×"
+                       f"{images.shape[-1]} images (call self._check_images)", "images", word=False)
 
 
 # --- vit_parameter_count ------------------------------------------------------------------------------
@@ -520,7 +519,7 @@ def _judge_count_bad(inputs: dict, outputs: dict, *, argument: str) -> None:
     image_size, p, *_, d_model, _, n_heads, _ = inputs["args"]
     what = (f"image_size={image_size} is not divisible by patch_size={p}" if argument == "patch_size"
             else f"d_model={d_model} is not divisible by n_heads={n_heads}")
-    expect_value_error(outputs["error"], argument, what, word=False)
+    expect_value_error(outputs["error"], what, argument, word=False)
 
 
 # --- interpolate_position_embeddings -------------------------------------------------------------------
@@ -607,8 +606,8 @@ def _interp_bad_inputs(gen: torch.Generator) -> dict:
 
 def _judge_interp_bad(inputs: dict, outputs: dict) -> None:
     positions = inputs["args"][0]
-    expect_value_error(outputs["error"], "position_embedding",
-                       f"{positions.shape[1] - 1} patch positions do not make a square grid", word=False)
+    expect_value_error(outputs["error"], f"{positions.shape[1] - 1} patch positions do not make a square grid",
+                       "position_embedding", word=False)
 
 
 # --- attention_rollout ------------------------------------------------------------------------------------
@@ -685,8 +684,8 @@ def _rollout_bad_inputs(gen: torch.Generator) -> dict:
 
 
 def _judge_rollout_bad(inputs: dict, outputs: dict) -> None:
-    expect_value_error(outputs["error"], "attentions", f"attentions of shape {tuple(inputs['args'][0].shape)} is not "
-                       "(layers, batch, heads, seq, seq)", word=False)
+    expect_value_error(outputs["error"], f"attentions of shape {tuple(inputs['args'][0].shape)} is not (layers, batch, "
+                       "heads, seq, seq)", "attentions", word=False)
 
 
 CHECKS: dict[str, Check] = {
