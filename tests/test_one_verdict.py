@@ -45,6 +45,7 @@ def test_one_verdict_same_points_in_the_notebook(student, learner_runs):
     _check(student, "notebook", notebook_points(learner_runs.run(student, cases.submission(student)), chapter))
 
 
+@pytest.mark.slow  # generates chapter 1 with nbgrader (the session's course)
 @pytest.mark.parametrize("student", list(cases.SAME_AS))
 def test_a_submission_read_from_another_run_is_that_runs_notebook(student, nbgrader_course):
     """``SAME_AS``: the notebook whose verdicts a submission reads is the same notebook, cell for cell (source,
