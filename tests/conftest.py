@@ -46,6 +46,8 @@ def _group(item) -> str | None:
         return f"course-{chapter}"
     if "learner_runs" in names:
         return "learner"
+    if "torchrun_trainings" in names:
+        return "torchrun"
     return None
 
 
