@@ -101,5 +101,7 @@ hub: hub-install
 	TDD_HUB_COURSE="$(HUB_COURSE)" TDD_HUB_EDITION="$(HUB_EDITION)" TDD_HUB_INSTRUCTORS="$(HUB_INSTRUCTORS)" \
 	  TDD_HUB_PORT="$(HUB_PORT)" exec $(VENV)/bin/jupyterhub -f deploy/jupyterhub/jupyterhub_config.py
 
+# Every budget of COURSE.md in one run (about 10 minutes); BENCH_ARGS="--training vit": the ViT row alone.
+BENCH_ARGS ?=
 bench: $(STAMP)
-	$(PY) -m solutions.bench
+	$(PY) -m solutions.bench $(BENCH_ARGS)

@@ -251,7 +251,9 @@ def attention(
     heads, kv_heads, seq_q, seq_k = _check_attention_args(q, k, v, mask, is_causal, dropout_p, backend)
 
     if backend == "auto":
-        backend = "flash" if flash_available() and _flash_unusable(q, mask) is None else "sdpa"
+        # q.is_cuda first: a CPU call then never asks for CUDA (torch.cuda.is_available reads the environment
+        # each time), a saving that counts in a decoding step, one token per call.
+        backend = "flash" if q.is_cuda and flash_available() and _flash_unusable(q, mask) is None else "sdpa"
     if backend == "flash":
         reason = _flash_unusable(q, mask)
         if reason is not None:

@@ -99,8 +99,10 @@ def fit(
 
     The batches, their order and the random ±1-pixel shifts depend only on ``seed``,
     so two models fitted with the same arguments see exactly the same data.
-    ``time_budget`` (seconds) ends training early: after 50 steps, when the rest
-    cannot fit, the cosine is shortened to end in time. Under ``torchrun``
+    ``time_budget`` (seconds) ends training early: from step 50 on, every 10 steps,
+    the mean time per step so far says how many steps fit, and the cosine is made
+    to end there (never past ``steps``): a busy spell shortens it, and a faster
+    pace afterwards lengthens it back. Under ``torchrun``
     (``world``, see :mod:`solutions.distributed`) every process draws the same
     batch and trains on its share of it, in ``accumulation_steps`` micro-batches.
     """
@@ -150,9 +152,10 @@ def fit(
                 bar.update()
                 if len(losses) % 10 == 0:
                     bar.set_postfix(loss=f"{batch_loss:.4f}")
-                if time_budget is not None and len(losses) == probe:
-                    _shorten_to_budget(schedule, len(losses), elapsed, time_budget, len(images) // batch_size,
-                                       progress)
+                estimate = len(losses) == probe or (len(losses) > probe and len(losses) % 10 == 0)
+                if time_budget is not None and estimate:
+                    _fit_to_budget(schedule, steps, len(losses), elapsed, time_budget, len(images) // batch_size,
+                                   say=progress, first=len(losses) == probe)
                     bar.total = schedule["total"]
                 if time_budget is not None and elapsed > time_budget:
                     schedule["total"] = len(losses)
@@ -178,17 +181,19 @@ def _backward(
     return mine
 
 
-def _shorten_to_budget(schedule: dict, step: int, seconds: float, time_budget: float, steps_per_epoch: int,
-                       say: bool) -> None:
-    """After ``step`` steps in ``seconds``: end the cosine early when the time budget cannot hold every step."""
-    affordable = int(time_budget / (seconds / step))
-    if affordable < schedule["total"]:
-        planned = schedule["total"]
-        schedule["total"] = max(step, affordable)
-        schedule["warmup"] = min(schedule["warmup"], max(1, schedule["total"] // 10))
-        if say:
-            tqdm.write(f"time budget {time_budget:g} s: training {schedule['total']} of {planned} steps "
-                       f"({schedule['total'] / steps_per_epoch:.1f} epochs)")
+def _fit_to_budget(schedule: dict, planned: int, step: int, seconds: float, time_budget: float,
+                   steps_per_epoch: int, *, say: bool, first: bool) -> None:
+    """After ``step`` steps in ``seconds``: end the cosine at the last step the time budget holds at the mean pace
+    so far, between ``step`` and the ``planned`` steps. Estimated again and again, not once: a run whose first 50
+    steps went at half its later pace (the machine busy at its start) was cut to half its epochs by the first
+    estimate alone."""
+    affordable = max(step, min(planned, int(time_budget / (seconds / step))))
+    if first and affordable < planned:  # the first estimate also shortens the warm-up
+        schedule["warmup"] = min(schedule["warmup"], max(1, affordable // 10))
+    if say and abs(affordable - schedule["total"]) >= steps_per_epoch:
+        tqdm.write(f"time budget {time_budget:g} s: training {affordable} of {planned} steps "
+                   f"({affordable / steps_per_epoch:.1f} epochs)")
+    schedule["total"] = affordable
 
 
 @torch.inference_mode()

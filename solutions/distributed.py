@@ -42,6 +42,7 @@ class World:
     size: int = 1  # how many processes train together (torchrun's WORLD_SIZE)
     local_rank: int = 0  # this process among those of its machine: which GPU it uses
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this process trains
+    owns_group: bool = False  # start() joined the process group, so finish() leaves it (not when the caller had)
 
     @property
     def is_main(self) -> bool:
@@ -129,7 +130,11 @@ def start(device: torch.device) -> World:
     """Join the other processes when launched by ``torchrun`` with more than one, else a world of one.
 
     ``device`` is where to train (from ``--device``); on CUDA each process takes the GPU of its local rank.
-    The backend follows the device: NCCL on CUDA, gloo on CPU.
+    The backend follows the device: NCCL on CUDA, gloo on CPU. A program that trains several times under one
+    torchrun joins the group itself, once, before the first training (``dist.init_process_group``): each
+    training then uses that group and leaves it open. Joining again after leaving is not safe: the new group's
+    rendezvous keys have the old one's names in the launcher's store (PyTorch restarts its group count), and
+    the second of three trainings in one program was seen to hang in ``init_process_group``.
     """
     if not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
         return World(device=device)
@@ -140,13 +145,15 @@ def start(device: torch.device) -> World:
                              f"{torch.cuda.device_count()}: lower torchrun's --nproc_per_node")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT,
-                            **({"device_id": device} if device.type == "cuda" else {}))
-    return World(rank=rank, size=size, local_rank=local_rank, device=device)
+    joined = not dist.is_initialized()
+    if joined:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT,
+                                **({"device_id": device} if device.type == "cuda" else {}))
+    return World(rank=rank, size=size, local_rank=local_rank, device=device, owns_group=joined)
 
 
 def finish(world: World, *, completed: bool = True) -> None:
-    """Leave the process group (nothing to do in a world of one).
+    """Leave the process group if :func:`start` joined it (nothing to do in a world of one).
 
     After a run that ``completed``, every process first waits for the others (rank 0 evaluates and writes
     alone): a process that tore its gloo group down and exited while its peer still held the connection was
@@ -156,7 +163,8 @@ def finish(world: World, *, completed: bool = True) -> None:
     if world.size > 1 and dist.is_initialized():
         if completed:
             dist.barrier()
-        dist.destroy_process_group()
+        if world.owns_group:
+            dist.destroy_process_group()
 
 
 def reseed(world: World, seed: int) -> None:

@@ -47,6 +47,8 @@ def _group(item) -> str | None:
         return "learner"
     if names & {"edition", "default_edition"}:  # tests/editions.py: built once per test process
         return "edition"
+    if "torchrun_trainings" in names:
+        return "torchrun"
     return None
 
 

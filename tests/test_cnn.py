@@ -211,3 +211,29 @@ def test_fit_time_budget_ends_the_cosine_in_time(monkeypatch):
     assert factors[-1] == (100, 100)  # the learning rate reached the end of the cosine at the last step
     with pytest.raises(ValueError, match="time_budget must be a number of seconds > 0"):
         cnn.fit(Recorder(), images, labels, steps=2, time_budget=0, progress=False)
+
+
+def test_fit_time_budget_estimated_again_lengthens_after_a_slow_start(monkeypatch):
+    """The first 50 steps take 0.2 s each, the next 0.1 s: the 100 planned steps take 15 s and fit a budget of 16 s.
+    The first estimate (0.2 s a step: 80 steps) is revised as the pace improves, and every planned step is trained,
+    the cosine ending at the last one."""
+    import types
+
+    import solutions.cnn as cnn
+
+    clock, calls = [0.0], [0]
+
+    def tick() -> float:  # called once at the start, then once per step
+        clock[0] += 0.2 if calls[0] <= 50 else 0.1
+        calls[0] += 1
+        return clock[0]
+
+    monkeypatch.setattr(cnn, "time", types.SimpleNamespace(perf_counter=tick))
+    images, labels = two_halves(64)
+    totals = []
+    real_cosine = cnn.warmup_cosine
+    monkeypatch.setattr(cnn, "warmup_cosine", lambda step, warmup, total: totals.append(total) or
+                        real_cosine(step, warmup, total))
+    losses = cnn.fit(Recorder(), images, labels, steps=100, batch_size=16, time_budget=16.0, progress=False)
+    assert len(losses) == 100 and totals[-1] == 100
+    assert min(totals) == 80  # what the first 50 steps alone promised
