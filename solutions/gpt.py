@@ -398,7 +398,7 @@ class CausalSelfAttention(nn.Module):
         new queries attend to everything it returns (the prefix and themselves). ``padding`` is False at the
         left padding of a batch of prompts (keys nobody may see)."""
         # The heads split and merged with view and transpose, each line's einops pattern beside it: rearrange
-        # looks its pattern up on every call, which was a sixth of a one-token decoding step on one thread.
+        # looks its pattern up on every call, about a tenth of a one-token decoding step on one thread.
         batch, seq, _ = x.shape
         # "batch seq (heads d_head) -> batch heads seq d_head"
         q = self.q_proj(x).view(batch, seq, self.n_heads, self.d_head).transpose(1, 2)
