@@ -187,53 +187,46 @@ def test_fit_rejects_a_batch_that_does_not_split_into_micro_batches():
         fit(Recorder(), images, labels, steps=1, batch_size=16, accumulation_steps=3, progress=False)
 
 
-def test_fit_time_budget_ends_the_cosine_in_time(monkeypatch):
-    """A clock where every step takes 0.1 s and a budget of 10 s: after 50 steps (5 s) the 200 planned steps cannot
-    fit, so the schedule is shortened to the 100 that can, and training stops there."""
-    import types
-
-    import solutions.cnn as cnn
-
-    clock = [0.0]
-
-    def tick() -> float:
-        clock[0] += 0.1
-        return clock[0]
-
-    monkeypatch.setattr(cnn, "time", types.SimpleNamespace(perf_counter=tick))
-    images, labels = two_halves(64)
-    factors = []
-    real_cosine = cnn.warmup_cosine
-    monkeypatch.setattr(cnn, "warmup_cosine", lambda step, warmup, total: factors.append((step, total)) or
-                        real_cosine(step, warmup, total))
-    losses = cnn.fit(Recorder(), images, labels, steps=200, batch_size=16, time_budget=10.0, progress=False)
-    assert len(losses) == 100
-    assert factors[-1] == (100, 100)  # the learning rate reached the end of the cosine at the last step
-    with pytest.raises(ValueError, match="time_budget must be a number of seconds > 0"):
-        cnn.fit(Recorder(), images, labels, steps=2, time_budget=0, progress=False)
-
-
-def test_fit_time_budget_estimated_again_lengthens_after_a_slow_start(monkeypatch):
-    """The first 50 steps take 0.2 s each, the next 0.1 s: the 100 planned steps take 15 s and fit a budget of 16 s.
-    The first estimate (0.2 s a step: 80 steps) is revised as the pace improves, and every planned step is trained,
-    the cosine ending at the last one."""
+def _fit_on_a_fake_clock(monkeypatch, step_seconds, **kwargs) -> tuple[list[float], list[tuple[int, int]]]:
+    """``cnn.fit`` on two_halves(64) with a clock whose n-th reading (0: the start, then one per step) advances by
+    ``step_seconds(n)``: its losses and the (step, total) the cosine schedule was asked for at each step."""
     import types
 
     import solutions.cnn as cnn
 
     clock, calls = [0.0], [0]
 
-    def tick() -> float:  # called once at the start, then once per step
-        clock[0] += 0.2 if calls[0] <= 50 else 0.1
+    def tick() -> float:
+        clock[0] += step_seconds(calls[0])
         calls[0] += 1
         return clock[0]
 
     monkeypatch.setattr(cnn, "time", types.SimpleNamespace(perf_counter=tick))
-    images, labels = two_halves(64)
-    totals = []
+    factors = []
     real_cosine = cnn.warmup_cosine
-    monkeypatch.setattr(cnn, "warmup_cosine", lambda step, warmup, total: totals.append(total) or
+    monkeypatch.setattr(cnn, "warmup_cosine", lambda step, warmup, total: factors.append((step, total)) or
                         real_cosine(step, warmup, total))
-    losses = cnn.fit(Recorder(), images, labels, steps=100, batch_size=16, time_budget=16.0, progress=False)
+    images, labels = two_halves(64)
+    return cnn.fit(Recorder(), images, labels, batch_size=16, progress=False, **kwargs), factors
+
+
+def test_fit_time_budget_ends_the_cosine_in_time(monkeypatch):
+    """A clock where every step takes 0.1 s and a budget of 10 s: after 50 steps (5 s) the 200 planned steps cannot
+    fit, so the schedule is shortened to the 100 that can, and training stops there."""
+    losses, factors = _fit_on_a_fake_clock(monkeypatch, lambda n: 0.1, steps=200, time_budget=10.0)
+    assert len(losses) == 100
+    assert factors[-1] == (100, 100)  # the learning rate reached the end of the cosine at the last step
+    images, labels = two_halves(64)
+    with pytest.raises(ValueError, match="time_budget must be a number of seconds > 0"):
+        fit(Recorder(), images, labels, steps=2, time_budget=0, progress=False)
+
+
+def test_fit_time_budget_estimated_again_lengthens_after_a_slow_start(monkeypatch):
+    """The first 50 steps take 0.2 s each, the next 0.1 s: the 100 planned steps take 15 s and fit a budget of 16 s.
+    The first estimate (0.2 s a step: 80 steps) is revised as the pace improves, and every planned step is trained,
+    the cosine ending at the last one."""
+    losses, factors = _fit_on_a_fake_clock(monkeypatch, lambda n: 0.2 if n <= 50 else 0.1, steps=100,
+                                           time_budget=16.0)
+    totals = [total for _, total in factors]
     assert len(losses) == 100 and totals[-1] == 100
     assert min(totals) == 80  # what the first 50 steps alone promised
