@@ -125,19 +125,38 @@ class Code:
 
 
 def cells_to_run(code: Code, release: dict[str, bool]) -> list[tuple[int, str]]:
-    """The learner's code cells that are run: all but release test cells and untouched release demos."""
-    run = []
+    """The learner's code cells that are run: all but release test cells and untouched release demos.
+
+    An untouched demo is run when it defines a function or class, uses a magic, or binds (by import or
+    assignment) a name that a cell which runs mentions anywhere (a word of its text: code, string or comment),
+    counting the demos this rule runs. So an import only the demos need (chapter 1's ``causal_lower_right``,
+    whose module imports torch's compiler, 2 s a kernel) costs nothing when no answer mentions it."""
+    run: list[tuple[int, str]] = []
+    imports: dict[int, tuple[str, set[str]]] = {}  # untouched demos that import: cell -> (source, names bound)
     for i, src in code.cells:
         if src in release:
             if release[src]:
                 continue  # an unchanged test cell: verdicts never come from the notebook's own tests
             facts = code.facts[i]
-            keeps = facts is None or "%" in src or any(
-                isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)) for n in facts.tree.body)
-            if not keeps:
+            if facts is not None and "%" not in src and not any(
+                    isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in facts.tree.body):
+                if any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in facts.tree.body):
+                    imports[i] = (src, facts.top)
                 continue  # an unchanged demo: nothing a graded exercise can depend on
         run.append((i, src))
-    return run
+    mentioned: set[str] = set()
+    new = run
+    while new and imports:
+        for _, src in new:
+            mentioned.update(_WORD.findall(src))
+        new = [(i, src) for i, (src, names) in imports.items() if names & mentioned]
+        for i, _ in new:
+            del imports[i]
+        run += new
+    return sorted(run)
+
+
+_WORD = re.compile(r"\w+")  # every identifier (Unicode ones too), and more
 
 
 def syntax_errors(cells: list[tuple[int, str]], code: Code) -> dict[int, str]:

@@ -81,13 +81,12 @@ def _check_mask(mask: Tensor, scores_shape: torch.Size) -> None:
             f"mask must be a bool tensor with True = may attend; got dtype {mask.dtype}. "
             "Convert with mask.bool() (and invert it if True meant 'ignore')"
         )
-    try:
-        torch.broadcast_shapes(mask.shape, scores_shape)
-    except RuntimeError:
+    # Broadcasting, read from the right: each pair of sizes is equal or one of them is 1.
+    if any(m != s and 1 not in (m, s) for m, s in zip(reversed(mask.shape), reversed(scores_shape))):
         raise ValueError(
             f"mask of shape {tuple(mask.shape)} does not broadcast to the scores "
             f"(batch, heads, seq_q, seq_k) = {tuple(scores_shape)}"
-        ) from None
+        )
 
 
 def scaled_dot_product_attention(

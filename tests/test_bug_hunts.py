@@ -88,6 +88,7 @@ FIXES: dict[str, dict[str, list[tuple[str, str]]]] = {
 
 # chapter id -> ids of the cells, besides the solution and given cells, that make what its hunts use
 SETUP: dict[str, tuple[str, ...]] = {
+    "01_attention_by_hand": ("causal-lower-right-import",),  # PyTorch's mask, which the missing-diagonal hunt uses
     "04_encoder_decoder": ("ch4-004", "ch4-037", "ch4-039", "ch4-046"),  # the data, the (short) main run, translate
     "05_vision_transformer": ("ch5-04",),  # the test images
     "06_kv_cache_inference": ("c029", "c046", "c053"),  # EXAMPLE_LOGITS, the trained model, compare_with_recompute

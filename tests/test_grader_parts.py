@@ -334,6 +334,42 @@ def test_static_pass_parses_each_code_cell_once_per_notebook(monkeypatch):
     assert len(parsed) == len(code_cells) == len(set(parsed)), (len(parsed), len(code_cells))
 
 
+def test_an_untouched_demo_that_imports_runs_only_when_a_running_cell_mentions_a_name_it_binds():
+    """Chapter 1 imports PyTorch's ``causal_lower_right`` (whose module loads torch's compiler) in a demo of its
+    own: the grader skips it for an answer that never mentions it, and runs it for one that does, so that answer
+    works as it does in the notebook."""
+    import nbformat
+    from redteam import build as redteam
+
+    from autograder import verdict
+
+    release = verdict.release_cells(str(CH1.release_path()))
+    nb = redteam.solved(CH1.id, registry.SOURCE_DIR)
+
+    def imports_it(nb) -> bool:
+        run = verdict.cells_to_run(verdict.Code(nb), release)
+        assert [i for i, _ in run] == sorted(i for i, _ in run)
+        return any("import causal_lower_right" in src for _, src in run)
+
+    cells = [c.source for c in nb.cells if c.cell_type == "code"]
+    assert sum("from torch.nn.attention.bias import causal_lower_right" in src for src in cells) == 1
+    assert not imports_it(nb)
+    redteam.set_cell(nb, "causal_mask_solution", "def causal_mask(seq_q, seq_k=None):\n"
+                     "    return causal_lower_right(seq_q, seq_k or seq_q)._materialize()")
+    assert imports_it(nb)
+
+    # The same rule on made-up cells: a magic, a definition or a mention keeps a demo; mentions count from the
+    # demos this rule runs too (b is run because a's cell mentions it, c because b's does); test cells never run.
+    demos = ["%matplotlib inline", "import a\nx = 1", "import b", "from m import c as cc\ny = b.f", "import d",
+             "def given():\n    return x", "import e  # mentioned only by a test cell", "assert e", "import u"]
+    learner = ["def answer():\n    return cc.g(y)"]
+    nb = {"cells": [{"cell_type": "code", "source": src, "metadata": {}} for src in demos + learner]}
+    release = {src: src.startswith("assert") for src in demos}
+    run = [src for _, src in verdict.cells_to_run(verdict.Code(nbformat.from_dict(nb)), release)]
+    assert run == ["%matplotlib inline", "import a\nx = 1", "import b", "from m import c as cc\ny = b.f",
+                   "def given():\n    return x", *learner]
+
+
 def test_notebook_with_more_code_than_the_static_pass_reads_is_invalid_at_once(monkeypatch):
     """More than 1 MB of code in all cells: every exercise `invalid`, with a reason that quotes nothing from the
     file, and neither the static pass nor a kernel runs."""

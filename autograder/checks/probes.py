@@ -198,6 +198,14 @@ class _LargestOutput(TorchDispatchMode):
         super().__init__()
         self.largest = 0
 
+    # As the guard's operator-level mode (checks/guard.py): without this, PyTorch wraps ``__torch_dispatch__`` in
+    # ``torch._disable_dynamo``, whose first call imports the compiler (about 900 modules) under the guard's
+    # profile hook (a chapter-1 kernel that had not imported it took 10 s more for this probe), and every later
+    # call passes through the compiler's ``disable`` wrapper. Nothing is compiled while a check runs.
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else (out,):
