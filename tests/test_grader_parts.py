@@ -370,6 +370,27 @@ def test_an_untouched_demo_that_imports_runs_only_when_a_running_cell_mentions_a
                    "def given():\n    return x", *learner]
 
 
+def test_probes_seed_the_global_generator_as_torch_manual_seed_does():
+    """The sampling probes seed the CPU's generator alone when no accelerator is there (torch.manual_seed would
+    also queue the seed for each accelerator, formatting the stack each time): the same draws as torch.manual_seed."""
+    import torch
+
+    from autograder.checks import probes
+
+    state = torch.get_rng_state()
+    try:
+        draws = []
+        for seed_with in (probes._seed_global, torch.manual_seed, probes._seed_global):
+            seed_with(1234)
+            draws.append(torch.multinomial(torch.ones(50), 20, replacement=True))
+        probes._seed_global(1235)
+        other = torch.multinomial(torch.ones(50), 20, replacement=True)
+    finally:
+        torch.set_rng_state(state)
+    assert torch.equal(draws[0], draws[1]) and torch.equal(draws[1], draws[2])
+    assert not torch.equal(draws[0], other)
+
+
 def test_notebook_with_more_code_than_the_static_pass_reads_is_invalid_at_once(monkeypatch):
     """More than 1 MB of code in all cells: every exercise `invalid`, with a reason that quotes nothing from the
     file, and neither the static pass nor a kernel runs."""
