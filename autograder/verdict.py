@@ -124,6 +124,9 @@ class Code:
         return self.facts.get(i) is not None
 
 
+_WORD = re.compile(r"\w+")  # every identifier (Unicode ones too), and more
+
+
 def cells_to_run(code: Code, release: dict[str, bool]) -> list[tuple[int, str]]:
     """The learner's code cells that are run: all but release test cells and untouched release demos.
 
@@ -154,9 +157,6 @@ def cells_to_run(code: Code, release: dict[str, bool]) -> list[tuple[int, str]]:
             del imports[i]
         run += new
     return sorted(run)
-
-
-_WORD = re.compile(r"\w+")  # every identifier (Unicode ones too), and more
 
 
 def syntax_errors(cells: list[tuple[int, str]], code: Code) -> dict[int, str]:
