@@ -17,7 +17,8 @@ and ``root/hostile/{submissions,source,out}``:
 
 ``grade()`` runs ``python -m autograder grade`` on each, sandboxed, with two jobs: the main corpus first (the
 machine busy with it and with the short-limit command below), then the hostile one beside a CPU-bound process
-(a busy machine: the honest control must still get full marks, whichever tests run), then ``autograder
+(``support.cpu_burner``: more processes runnable than cores, whichever tests run beside it; the honest control
+must still get full marks), then ``autograder
 feedback`` on both. The cell timeout is the grader's default, 60 s (20 s failed honest checks on a busy 2-core
 CI machine). Each test reads its own students' rows.
 
