@@ -490,6 +490,10 @@ class Runner:
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) in (os.getpid(), self.proc.pid):
                 continue
+            # The namespace first: one system call rules out each process of the host (nearly all of them), where
+            # opening and reading its stat file took ten times as long: this runs twice after every request.
+            if self._namespace is not None and _pid_namespace(int(entry)) != self._namespace:
+                continue
             try:
                 with open(f"/proc/{entry}/stat", "rb") as f:
                     fields = f.read().rsplit(b")", 1)[1].split()
@@ -498,8 +502,6 @@ class Runner:
             if not fields or fields[0] in (b"Z", b"X"):
                 continue
             if self._namespace is not None:
-                if _pid_namespace(int(entry)) != self._namespace:
-                    continue
                 inner = _proc_status(entry).get("NSpid", "").split()
                 if not inner or inner[-1] in ("1", str(self._runner_pid)):
                     continue  # the namespace's init, and the runner itself

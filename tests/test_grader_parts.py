@@ -1050,3 +1050,35 @@ def test_gradebook_sets_the_max_score_of_an_existing_grade_cell_to_the_registry_
         cells = {c.name: c.max_score for c in gb.find_notebook(CH1.id, CH1.id).grade_cells}
         assert cells == {ex.tests_id: float(ex.points) for ex in CH1.exercises}
         assert gb.find_submission(CH1.id, "alice").score == CH1.points
+
+
+def test_lockdown_restore_puts_back_patched_classes_and_modules_and_skips_only_classes_nothing_can_change():
+    """The runner's :func:`lockdown.restore` (before each request and each answer) undoes a patch of a trusted module
+    or of a class defined there; the snapshot leaves out only immutable classes, which no code can patch."""
+    import torch
+
+    from autograder import lockdown
+
+    snapshot = lockdown.Snapshot()
+    kept = {cls for _, _, classes in snapshot.modules.values() for cls, _ in classes.values()}
+    skipped = [value for name in lockdown.TRUSTED_MODULES if name in sys.modules for value in
+               vars(sys.modules[name]).values() if isinstance(value, type) and value.__module__ == name
+               and value not in kept]
+    assert len(skipped) >= 10 and torch.FloatTensor in skipped and torch.Tensor in kept
+    for cls in skipped:
+        with pytest.raises(TypeError, match="immutable"):
+            cls._tdd_patched = True
+    real_repr, real_dumps = torch.Tensor.__repr__, json.dumps
+    try:
+        torch.Tensor.__repr__ = lambda self: "patched"
+        torch.Tensor._tdd_added = 1
+        json.dumps = lambda *args, **kwargs: "{}"
+        torch._tdd_added = 2
+        lockdown.restore(snapshot)
+        assert torch.Tensor.__repr__ is real_repr and json.dumps is real_dumps
+        assert not hasattr(torch.Tensor, "_tdd_added") and not hasattr(torch, "_tdd_added")
+    finally:
+        torch.Tensor.__repr__, json.dumps = real_repr, real_dumps
+        for owner in (torch.Tensor, torch):
+            if hasattr(owner, "_tdd_added"):
+                delattr(owner, "_tdd_added")
