@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import json
 import re
 import shutil
@@ -72,10 +73,17 @@ def module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.lru_cache(maxsize=256)
+def _tree(source: str) -> ast.Module:
+    """``ast.parse(source)`` once per text: a build reads the same modules several times (a checks module is parsed
+    for its imports, its hidden cases and its recorded functions). The trees are only read."""
+    return ast.parse(source)
+
+
 def imported_modules(source: str, module: str = "", is_package: bool = False) -> set[str]:
     """The modules ``source`` imports (absolute names; relative imports resolved against ``module``)."""
     found = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_tree(source)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -99,7 +107,7 @@ def named_modules(source: str, library: set[str]) -> set[str]:
     """The library modules ``source`` may import by a name it builds (``importlib.import_module(f"solutions.trainers.
     {task}")``): every module of a package that a string or f-string starting ``<package>.`` names."""
     found = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_tree(source)):
         text = (node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else
                 node.values[0].value if isinstance(node, ast.JoinedStr) and node.values
                 and isinstance(node.values[0], ast.Constant) else None)
@@ -211,29 +219,35 @@ def strip_hidden(source: str, used_elsewhere: set[str] = frozenset()) -> str:
     helpers only the hidden cases used removed (except the names in ``used_elsewhere``)."""
     lines = source.splitlines(keepends=True)
     spans = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_tree(source)):
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Check":
             values = [kw.value for kw in node.keywords if kw.arg == "hidden"] + node.args[2:3]
             spans += [(*_span(lines, value), "()") for value in values]
     source = _replace_spans(source, spans)
-    while True:  # drop module-level private definitions nothing refers to any more
-        tree = ast.parse(source)
-        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-        used |= set(used_elsewhere)
-        lines = source.splitlines(keepends=True)
-        unused = []
-        for node in tree.body:
-            names = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
-                     [t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
-                     if isinstance(node, (ast.Assign, ast.AnnAssign)) else [])
-            if names and all(n.startswith("_") and n not in used for n in names):
-                first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-                unused.append((first, node.end_lineno))
+    # Drop the module-level private definitions nothing refers to any more, until none is left (a helper used only
+    # by a dropped one goes in the next round), on one parse: the names each statement reads, taken once.
+    tree = ast.parse(source)
+    reads = [{n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+             for node in tree.body]
+    defines = [[node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
+               [t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
+               if isinstance(node, (ast.Assign, ast.AnnAssign)) else [] for node in tree.body]
+    dropped: set[int] = set()
+    while True:
+        used = set(used_elsewhere).union(*(r for i, r in enumerate(reads) if i not in dropped))
+        unused = {i for i, names in enumerate(defines) if i not in dropped and names
+                  and all(n.startswith("_") and n not in used for n in names)}
         if not unused:
-            return source
-        for first, last in sorted(unused, reverse=True):
-            del lines[first - 1:last]
-        source = re.sub(r"\n{4,}", "\n\n\n", "".join(lines))
+            break
+        dropped |= unused
+    if not dropped:
+        return source
+    lines = source.splitlines(keepends=True)
+    for i in sorted(dropped, reverse=True):
+        node = tree.body[i]
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        del lines[first - 1:node.end_lineno]
+    return re.sub(r"\n{4,}", "\n\n\n", "".join(lines))
 
 
 def hidden_case_names() -> dict[str, set[str]]:
@@ -266,7 +280,7 @@ def empty_recorded(source: str) -> str:
     replayed from the recording; the code that computed them with the reference stays with the instructor)."""
     lines = source.splitlines(keepends=True)
     spans = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_tree(source)):
         if _is_recorded(node):
             body = node.body[1:] if ast.get_docstring(node) is not None else node.body
             start, end = _span(lines, body[0])[0], _span(lines, body[-1])[1]
@@ -307,7 +321,7 @@ def _save_recordings(out: Path, recordings: dict[str, dict]) -> dict[str, int]:
 
 def checks_imported_names(root: Path = ROOT) -> set[str]:
     """The names the checks modules import from each other (``strip_hidden`` keeps them)."""
-    return {alias.name for p in (root / "autograder" / "checks").glob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+    return {alias.name for p in (root / "autograder" / "checks").glob("*.py") for node in ast.walk(_tree(p.read_text()))
             if isinstance(node, ast.ImportFrom) for alias in node.names}
 
 
