@@ -99,13 +99,6 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture
-def cpu_burner():
-    """A CPU-bound process beside the test: verdicts may not depend on an idle machine."""
-    with support.cpu_burner() as proc:
-        yield proc
-
-
 INLINE = "module://matplotlib_inline.backend_inline"  # figures become outputs, as in JupyterLab
 
 # --- one nbgrader course ------------------------------------------------------------------------------
