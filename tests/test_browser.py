@@ -77,8 +77,10 @@ def _count_finished_cells(page) -> tuple[int, int, int]:
     }""")
 
 
-KERNEL_STATE = ("() => { const s = document.querySelector('.jp-NotebookPanel .jp-Toolbar-kernelStatus,"
-                " .jp-NotebookPanel [data-jp-item-name=\"kernelStatus\"]');"
+# The notebook toolbar's kernel status: "Kernel status: Idle" in JupyterLab 4's execution indicator
+# (data-jp-item-name="executionProgress"), the title of the kernelStatus item in earlier versions.
+KERNEL_STATE = ("() => { const s = document.querySelector('.jp-NotebookPanel [data-jp-item-name=\"executionProgress\"],"
+                " .jp-NotebookPanel .jp-Toolbar-kernelStatus, .jp-NotebookPanel [data-jp-item-name=\"kernelStatus\"]');"
                 " if (!s) return 'missing';"
                 " return /idle/i.test(s.getAttribute('title') || s.getAttribute('aria-label') || s.textContent || '')"
                 " ? 'idle' : 'busy'; }")
