@@ -187,7 +187,7 @@ def nbgrader_api(root: Path, **overrides):
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config.loader import PyFileConfigLoader
 
-    environment.put_scripts_on_path()
+    environment.for_nbgrader()
     config = PyFileConfigLoader(CONFIG_NAME, path=str(root)).load_config()
     for section, values in overrides.items():
         for key, value in values.items():

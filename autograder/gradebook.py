@@ -22,7 +22,7 @@ class Recorder:
         self.url = url
         self._ready: set[str] = set()
         self._open: Gradebook | None = None
-        environment.put_scripts_on_path()  # nbgrader creates a new gradebook by running `alembic`
+        environment.for_nbgrader()  # a new gradebook is stamped with its schema revision
 
     def _ensure_assignment(self, gb: Gradebook, chapter: registry.Chapter) -> None:
         if chapter.id in self._ready:

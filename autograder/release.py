@@ -180,7 +180,7 @@ def generate_in_course(root: Path, source_dir: Path = SOURCE_DIR, names: list[st
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
 
-    environment.put_scripts_on_path()  # nbgrader's gradebook runs alembic by name
+    environment.for_nbgrader()  # nbgrader makes the course's gradebook
     names = make_course_dir(root, source_dir, names)
     config = nbgrader_config(root)
     api = NbGraderAPI(CourseDirectory(config=config), config=config)

@@ -44,7 +44,7 @@ import support
 from redteam import build as redteam
 from redteam import hostile
 
-from autograder import record, registry, sandbox
+from autograder import environment, record, registry, sandbox
 
 CH1 = redteam.CH1
 # Every chapter is expected (--chapter each): a chapter given is graded, and one a student lacks is `missing`;
@@ -121,6 +121,7 @@ def nbgrader_collect(course: Path, exchange: Path, work: Path, notebooks: dict) 
         return cls(coursedir=cd, authenticator=Authenticator(config=c), config=c)
 
     exchange.mkdir(parents=True)
+    environment.stamp_gradebooks_in_process()  # the exchange's apps make gradebooks
     old_cwd, old_path = os.getcwd(), os.environ.get("PATH", "")
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{old_path}"  # nbgrader runs alembic
     try:

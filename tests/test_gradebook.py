@@ -112,3 +112,33 @@ def test_nbgrader_export_runs_clean_where_the_readme_says(tmp_path):
     assert not python_warnings(out.stderr), out.stderr
     assert f"{first.id},,,alice," in written.read_text().replace('"', ""), written.read_text()
     assert not (course / "grades.csv").exists()
+
+
+@pytest.mark.subprocess
+def test_a_new_gradebook_is_stamped_with_the_revision_alembic_heads_gives_without_running_it(tmp_path, monkeypatch):
+    """The schema revision a new gradebook gets, read in this process (environment.gradebook_revision), is the one
+    nbgrader's own lookup reads by running `alembic heads`; after environment.for_nbgrader() a gradebook is made
+    with no alembic on PATH and no process started, and is stamped with it."""
+    import subprocess as sp
+
+    import nbgrader.api
+    from nbgrader.dbutil import _temp_alembic_ini
+    from sqlalchemy import create_engine, text
+
+    from autograder import environment
+
+    alembic = Path(sys.executable).parent / "alembic"
+    with _temp_alembic_ini(f"sqlite:///{tmp_path / 'probe.db'}") as ini:
+        heads = sp.run([str(alembic), "-c", ini, "heads"], capture_output=True, text=True, timeout=300, check=True)
+    assert environment.gradebook_revision() == heads.stdout.split("\n")[0].split(" ")[0]
+
+    monkeypatch.setattr(nbgrader.api, "get_alembic_version", nbgrader.api.get_alembic_version)  # undone after
+    environment.for_nbgrader()
+    monkeypatch.setenv("PATH", "/nonexistent")  # nbgrader's own lookup would fail: alembic is not found
+    monkeypatch.setattr(sp, "Popen", None)  # and nothing is started
+    url = f"sqlite:///{tmp_path / 'gradebook.db'}"
+    with nbgrader.api.Gradebook(url):
+        pass
+    with create_engine(url).connect() as db:
+        assert db.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [
+            environment.gradebook_revision()]
