@@ -43,6 +43,18 @@ def edition() -> Path:
     return editions.default_edition()
 
 
+@pytest.fixture(scope="session")
+def republished(edition, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """SESSION FIXTURE: the default edition as an instructor pushed it (a copy, with a git folder), then
+    `python -m autograder publish DEST --answers <chapter 1>` run on it (chapter 1's answers released, as while
+    learners work on chapter 2): the folder and that command's result."""
+    dest = tmp_path_factory.mktemp("republished") / "student"
+    shutil.copytree(edition, dest)
+    (dest / ".git").mkdir()
+    (dest / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    return dest, _publish(dest, FIRST.id)
+
+
 @pytest.mark.slow
 def test_student_edition_has_no_solution_region_hidden_test_or_source(edition):
     assert not (edition / "autograder" / "source").exists()
@@ -132,15 +144,13 @@ def test_student_edition_runs_chapter_1_with_a_learners_answers(edition, monkeyp
 
 
 @pytest.mark.slow
-def test_publish_again_releases_a_chapters_answers_and_keeps_git(edition, tmp_path):
-    dest = tmp_path / "student"
-    out = _publish(dest)
+def test_publish_again_releases_a_chapters_answers_and_keeps_git(edition, republished):
+    # the first edition, as built (tests/editions.py): chapter 1 open, its answers withheld
+    assert any(note.startswith("withheld solutions.attention") for note in editions.default_edition.notes)
+    assert json.loads((edition / publish.MARKER).read_text())["chapters"] == [FIRST.id]
+    dest, out = republished
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "withheld solutions.attention" in out.stdout and f"chapters open: {FIRST.id};" in out.stdout, out.stdout
-    (dest / ".git").mkdir()
-    (dest / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
-    out = _publish(dest, FIRST.id)
-    assert out.returncode == 0, out.stderr
+    assert "withheld solutions.attention" not in out.stdout and f"answers released: {FIRST.id})" in out.stdout, out.stdout
     for module in FIRST.answers:
         path = Path(*module.split(".")).with_suffix(".py")
         assert (dest / path).read_text() == (ROOT / path).read_text()
@@ -352,12 +362,12 @@ def test_edition_leak_labels_what_the_checks_compute_from_the_inputs(tmp_path):
 
 
 @pytest.mark.slow
-def test_student_edition_self_check_scores_a_withheld_chapter(tmp_path):
+def test_student_edition_self_check_scores_a_withheld_chapter(republished):
     """Chapter 1's answers released, chapter 2's withheld (as while learners work on chapter 2): the learner's
     finished chapter 2 notebook gets its full visible score from `python -m autograder check` in the edition."""
     second = registry.CHAPTERS[1]
-    dest = tmp_path / "student"
-    assert _publish(dest, FIRST.id).returncode == 0
+    dest, published = republished
+    assert published.returncode == 0, published.stderr
     assert "withheld in this student edition" in _in_edition(dest, f"import {second.answers[0]}").stderr
     nb = nbformat.read(dest / "course" / second.id / second.notebook, as_version=4)
     source = nbformat.read(second.source_path(), as_version=4)
