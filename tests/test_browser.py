@@ -86,6 +86,12 @@ KERNEL_STATE = ("() => { const s = document.querySelector('.jp-NotebookPanel [da
                 " ? 'idle' : 'busy'; }")
 
 
+def _kernel_ready(lab: dict, relative: str) -> bool:
+    """The server lists a session for the notebook ``relative`` whose kernel is idle."""
+    return any((s.get("path") or "").lstrip("/") == relative and (s.get("kernel") or {}).get("execution_state") == "idle"
+               for s in _api(lab, "GET", "/api/sessions") or [])
+
+
 def _open_and_run_all(lab: dict, page, relative: str, timeout: float = 420) -> tuple[int, int, int]:
     # A workspace of its own per notebook: JupyterLab would otherwise reopen the previous test's tabs.
     workspace = re.sub(r"[^a-z0-9]+", "-", relative.lower())
@@ -94,8 +100,11 @@ def _open_and_run_all(lab: dict, page, relative: str, timeout: float = 420) -> t
     # The kernel must be up before "Run All Cells", or the run waits on a dialog. On a busy machine JupyterLab may
     # ask which kernel to start (while the first one is slow to come up): accepted when it shows.
     # (No kernel status shown at all after 10 s: this JupyterLab has none in the toolbar; go on, as before.)
+    # The toolbar may read "Idle" before the notebook has a kernel at all: the server must also list this
+    # notebook's session with its kernel idle (it has started and answered).
     opened = time.monotonic()
-    while (state := page.evaluate(KERNEL_STATE)) != "idle" and not (state == "missing" and time.monotonic() - opened > 10):
+    while not _kernel_ready(lab, relative) or (
+            (state := page.evaluate(KERNEL_STATE)) != "idle" and not (state == "missing" and time.monotonic() - opened > 10)):
         dialog = page.locator(".jp-Dialog .jp-mod-accept")
         if dialog.count():
             dialog.first.click()
