@@ -41,7 +41,7 @@ def for_nbgrader() -> None:
     gradebook is stamped with read here, once (:func:`gradebook_revision`).
 
     nbgrader (0.9) stamps every gradebook it creates with ``get_alembic_version()``, which runs ``alembic heads``:
-    a second Python that loads nbgrader again, about 3.5 s of CPU each time (19 times in one ``make test``).
+    a second Python that loads nbgrader again, about 3.5 s of CPU each time a gradebook is made.
     The same revision is read from the same migration scripts in this process, in about 0.1 s."""
     put_scripts_on_path()
     stamp_gradebooks_in_process()
